@@ -1,0 +1,142 @@
+"""The `corral` command line.
+
+Every verb prints errors to stderr and exits non-zero; none prints a
+traceback for an author or usage mistake.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from . import documents
+from .compiler import Compiler
+from .definitions import DefinitionSet
+from .errors import CorralError, DefinitionsInvalid
+from .lockfile import LOCK_FILE, Lock, LockError, drift, read_lock, write_lock
+
+DEFAULT_DIR = "definitions"
+
+
+def _default_dir() -> str:
+    return os.environ.get("CORRAL_DEFINITIONS", DEFAULT_DIR)
+
+
+def _compile(directory: str) -> DefinitionSet:
+    return Compiler(directory).compile()
+
+
+def _print_errors(exc: DefinitionsInvalid) -> None:
+    for error in exc.errors:
+        print(error, file=sys.stderr)
+    print(f"{len(exc.errors)} error(s)", file=sys.stderr)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    definitions = _compile(args.dir)
+    print(f"ok: {len(definitions)} definitions, set {definitions.digest}")
+    return 0
+
+
+def cmd_digest(args: argparse.Namespace) -> int:
+    definitions = _compile(args.dir)
+    if args.json:
+        print(json.dumps(definitions.listing(), indent=2))
+        return 0
+    print(f"set {definitions.digest}")
+    for d in definitions:
+        print(f"{d.ref:40} {d.digest}")
+    return 0
+
+
+def cmd_lock(args: argparse.Namespace) -> int:
+    root = Path(args.dir)
+    definitions = _compile(args.dir)
+    try:
+        locked = read_lock(root)
+    except LockError as exc:
+        if args.check:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        locked = None
+    current = Lock.of(definitions, locked.mcp_catalogs if locked else None)
+    if not args.check:
+        path = write_lock(root, current)
+        print(f"wrote {path} ({len(current.definitions)} definitions, set {current.digest})")
+        return 0
+    if locked is None:
+        print(f"error: no {LOCK_FILE} in {root}; run `corral lock {args.dir}` first", file=sys.stderr)
+        return 1
+    changes = drift(locked, current)
+    if not changes and locked.digest == current.digest:
+        print(f"ok: matches {LOCK_FILE} (set {current.digest})")
+        return 0
+    print(f"{LOCK_FILE} drift: set {locked.digest} -> {current.digest}")
+    for change in changes:
+        print(f"  {change}")
+    return 1
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    print(json.dumps(documents.json_schema(), indent=2))
+    return 0
+
+
+def _add_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dir", nargs="?", default=None, metavar="DIR",
+                   help="definition directory (default: $CORRAL_DEFINITIONS or ./definitions)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="corral", description="A declarative agent server.")
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="COMMAND")
+    commands: dict[str, tuple[str, Callable[[argparse.Namespace], int]]] = {
+        "validate": ("compile DIR and print every error", cmd_validate),
+        "digest": ("print the set digest and every definition's digest", cmd_digest),
+        "lock": ("write DIR/corral.lock, or --check it", cmd_lock),
+        "schema": ("print the JSON Schema of a definition document", cmd_schema),
+    }
+    for name, (help_text, func) in commands.items():
+        p = verbs.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        if name != "schema":
+            _add_dir(p)
+    verbs.choices["digest"].add_argument("--json", action="store_true", help="print JSON")
+    verbs.choices["lock"].add_argument(
+        "--check", action="store_true", help="exit 1 and print a diff when the set drifts from the lock"
+    )
+    _add_runtime_verbs(verbs)
+    return parser
+
+
+def _add_runtime_verbs(verbs: argparse._SubParsersAction) -> None:
+    try:
+        from .runtime_cli import add_verbs
+    except ImportError:
+        return
+    add_verbs(verbs, _add_dir)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "dir", "") is None:
+        args.dir = _default_dir()
+    try:
+        return int(args.func(args) or 0)
+    except DefinitionsInvalid as exc:
+        _print_errors(exc)
+        return 1
+    except CorralError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

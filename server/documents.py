@@ -1,0 +1,397 @@
+"""The six definition document kinds, as the YAML author writes them.
+
+These pydantic models are the edge: they reject unknown fields and wrong
+types, and they normalize (defaults filled in, aliases mapped to one
+spelling) so that two documents that mean the same thing dump to the same
+spec. They know nothing of other documents or of files: references and paths
+are the compiler's job.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+
+from . import templates
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
+Seconds = Annotated[float, Field(gt=0, le=86_400)]
+KINDS = ("Agent", "Model", "Tool", "MCPServer", "Hook", "Skill")
+
+HOOK_EVENTS = {
+    "SessionStart": "session_start",
+    "UserPromptSubmit": "user_prompt_submit",
+    "PreToolUse": "pre_tool_use",
+    "PostToolUse": "post_tool_use",
+    "Stop": "stop",
+}
+FAIL_CLOSED_EVENTS = {"pre_tool_use", "user_prompt_submit"}
+PROVIDER_DEFAULTS = {
+    "openai": ("https://api.openai.com/v1", "${OPENAI_API_KEY}"),
+    "anthropic": ("https://api.anthropic.com", "${ANTHROPIC_API_KEY}"),
+    "scripted": (None, None),
+}
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Document(Strict):
+    kind: str
+    name: Name
+    description: str = Field(default="", max_length=4096)
+
+
+def _check_regex(pattern: str) -> str:
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"not a valid regular expression: {exc}") from None
+    return pattern
+
+
+def _check_template(text: str) -> str:
+    try:
+        templates.placeholders(text)
+    except templates.TemplateSyntaxError as exc:
+        raise ValueError(str(exc)) from None
+    return text
+
+
+def _check_secret(text: str | None) -> str | None:
+    if text is not None and not templates.is_secret_reference(text):
+        raise ValueError("write secrets as ${ENV_VAR} references, never as literal values")
+    return text
+
+
+# --- Model -----------------------------------------------------------------
+
+
+class ToolCall(Strict):
+    name: str = Field(min_length=1)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class ScriptRule(Strict):
+    when: Annotated[str, Field(min_length=1)] | None = None
+    reply: str | None = None
+    tool_call: ToolCall | None = None
+
+    _when = field_validator("when")(lambda cls, v: v if v is None else _check_regex(v))
+
+    @model_validator(mode="after")
+    def _reply_default(self) -> ScriptRule:
+        if self.reply is None:
+            if self.tool_call is None:
+                raise ValueError("a rule needs a reply, a tool_call, or both")
+            object.__setattr__(self, "reply", "{tool_result}")
+        return self
+
+
+class ModelDocument(Document):
+    kind: Literal["Model"]
+    provider: Literal["openai", "anthropic", "scripted"]
+    model: str = ""
+    base_url: str | None = None
+    api_key: str | None = None
+    context_window: int | None = Field(default=None, gt=0)
+    max_output_tokens: int = Field(default=4096, gt=0)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    timeout_s: Seconds = 60.0
+    retries: int = Field(default=2, ge=0, le=10)
+    fallbacks: tuple[Name, ...] = ()
+    script: tuple[ScriptRule, ...] = ()
+    default: str | None = None
+
+    _api_key = field_validator("api_key")(lambda cls, v: _check_secret(v))
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://[^\s/]+", v):
+            raise ValueError("must be an http:// or https:// URL")
+        return v.rstrip("/") if v else v
+
+    @model_validator(mode="after")
+    def _provider_rules(self) -> ModelDocument:
+        base_url, api_key = PROVIDER_DEFAULTS[self.provider]
+        if self.provider == "scripted":
+            for name in ("base_url", "api_key"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name} does not apply to the scripted provider")
+        else:
+            if not self.model:
+                raise ValueError(f"provider {self.provider} needs `model`")
+            if self.script or self.default is not None:
+                raise ValueError("script and default apply only to the scripted provider")
+            object.__setattr__(self, "base_url", self.base_url or base_url)
+            object.__setattr__(self, "api_key", self.api_key or api_key)
+        if self.name in self.fallbacks:
+            raise ValueError("a model cannot fall back to itself")
+        return self
+
+
+# --- Tool ------------------------------------------------------------------
+
+
+class HttpAction(Strict):
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "GET"
+    url: str
+    headers: dict[str, str] = Field(default_factory=dict)
+    body: Any = None
+    timeout_s: Seconds = 30.0
+
+    @field_validator("method", mode="before")
+    @classmethod
+    def _upper(cls, v: Any) -> Any:
+        return v.upper() if isinstance(v, str) else v
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not re.match(r"^https?://", v):
+            raise ValueError("must start with http:// or https://")
+        return _check_template(v)
+
+
+class CommandAction(Strict):
+    argv: tuple[str, ...] = Field(min_length=1)
+    cwd: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    timeout_s: Seconds = 30.0
+
+    @field_validator("argv")
+    @classmethod
+    def _argv(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for item in v:
+            _check_template(item)
+        if not v[0]:
+            raise ValueError("argv[0] must name a program")
+        return v
+
+
+class ToolDocument(Document):
+    kind: Literal["Tool"]
+    input_schema: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "object", "properties": {}}
+    )
+    http: HttpAction | None = None
+    command: CommandAction | None = None
+    permission: Literal["allow", "ask", "deny"] = "allow"
+
+    @field_validator("input_schema")
+    @classmethod
+    def _schema(cls, v: dict[str, Any]) -> dict[str, Any]:
+        try:
+            Draft202012Validator.check_schema(v)
+        except SchemaError as exc:
+            where = "/".join(str(p) for p in exc.path) or "(root)"
+            raise ValueError(f"not a valid JSON Schema at {where}: {exc.message}") from None
+        if v.get("type") != "object":
+            raise ValueError('the root of input_schema must be {"type": "object", ...}')
+        return v
+
+    @model_validator(mode="after")
+    def _one_action(self) -> ToolDocument:
+        if (self.http is None) == (self.command is None):
+            raise ValueError("a tool needs exactly one of `http` or `command`")
+        known = set(self.input_schema.get("properties", {}))
+        for text in self.template_strings():
+            for name in templates.placeholders(text):
+                if name not in known:
+                    raise ValueError(f"placeholder {{{name}}} is not a property of input_schema")
+        return self
+
+    def template_strings(self) -> list[str]:
+        if self.command is not None:
+            return list(self.command.argv)
+        assert self.http is not None
+        return [self.http.url, *self.http.headers.values(), *_strings(self.http.body)]
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+# --- MCPServer -------------------------------------------------------------
+
+
+class ToolFilter(Strict):
+    include: tuple[str, ...] | None = None
+    exclude: tuple[str, ...] = ()
+
+
+class MCPServerDocument(Document):
+    kind: Literal["MCPServer"]
+    transport: Literal["stdio", "http"] | None = None
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    url: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    tools: ToolFilter = Field(default_factory=ToolFilter)
+    timeout_s: Seconds = 30.0
+
+    @model_validator(mode="after")
+    def _transport(self) -> MCPServerDocument:
+        transport = self.transport or ("http" if self.url else "stdio")
+        object.__setattr__(self, "transport", transport)
+        if transport == "stdio":
+            if not self.command:
+                raise ValueError("transport stdio needs `command`")
+            if self.url or self.headers:
+                raise ValueError("url and headers apply only to transport http")
+        else:
+            if not self.url or not re.match(r"^https?://", self.url):
+                raise ValueError("transport http needs an http(s) `url`")
+            if self.command or self.args or self.env or self.cwd:
+                raise ValueError("command, args, env and cwd apply only to transport stdio")
+        return self
+
+
+# --- Hook ------------------------------------------------------------------
+
+
+class HookHttp(Strict):
+    url: str
+    headers: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not re.match(r"^https?://", v):
+            raise ValueError("must start with http:// or https://")
+        return v
+
+
+class HookDocument(Document):
+    kind: Literal["Hook"]
+    event: Literal["session_start", "user_prompt_submit", "pre_tool_use", "post_tool_use", "stop"]
+    matcher: str = ""
+    command: tuple[str, ...] | None = None
+    http: HookHttp | None = None
+    timeout_s: Seconds = 60.0
+    on_error: Literal["allow", "deny"] | None = None
+
+    @field_validator("event", mode="before")
+    @classmethod
+    def _event(cls, v: Any) -> Any:
+        return HOOK_EVENTS.get(v, v) if isinstance(v, str) else v
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _command(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+    @field_validator("matcher")
+    @classmethod
+    def _matcher(cls, v: str) -> str:
+        v = "" if v.strip() in ("", "*") else v
+        if v and not re.fullmatch(r"[A-Za-z0-9_|-]+", v):
+            _check_regex(v)
+        return v
+
+    @model_validator(mode="after")
+    def _handler(self) -> HookDocument:
+        if (self.command is None) == (self.http is None):
+            raise ValueError("a hook needs exactly one of `command` or `http`")
+        if self.command is not None and (not self.command or not self.command[0]):
+            raise ValueError("command must name a program")
+        if self.on_error is None:
+            default = "deny" if self.event in FAIL_CLOSED_EVENTS else "allow"
+            object.__setattr__(self, "on_error", default)
+        return self
+
+
+# --- Skill and Agent -------------------------------------------------------
+
+
+class SkillDocument(Document):
+    kind: Literal["Skill"]
+    instructions: str | None = None
+    path: str | None = None
+    license: str | None = None
+    compatibility: str | None = Field(default=None, max_length=500)
+    metadata: dict[str, str] = Field(default_factory=dict)
+    allowed_tools: str | None = Field(default=None, alias="allowed-tools")
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _body(self) -> SkillDocument:
+        if self.instructions is None and self.path is None:
+            raise ValueError("a skill needs `instructions` or `path`")
+        return self
+
+
+class AgentDocument(Document):
+    kind: Literal["Agent"]
+    model: Name
+    instructions: str = ""
+    instructions_file: str | None = None
+    tools: tuple[str, ...] = ()
+    agents: tuple[Name, ...] = ()
+    skills: tuple[Name, ...] = ()
+    hooks: tuple[Name, ...] = ()
+    max_steps: int = Field(default=10, ge=1, le=1000)
+    on_busy: Literal["reject", "enqueue", "interrupt"] = "reject"
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for ref in v:
+            if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,62}(/[A-Za-z0-9._-]{1,128})?", ref):
+                raise ValueError(f"{ref!r} is not a tool name, server name or server/tool")
+        return v
+
+    @model_validator(mode="after")
+    def _one_instructions(self) -> AgentDocument:
+        if self.instructions and self.instructions_file:
+            raise ValueError("give `instructions` or `instructions_file`, not both")
+        if self.name in self.agents:
+            raise ValueError("an agent cannot call itself as a sub-agent")
+        return self
+
+
+DOCUMENT_MODELS: dict[str, type[Document]] = {
+    "Agent": AgentDocument,
+    "Model": ModelDocument,
+    "Tool": ToolDocument,
+    "MCPServer": MCPServerDocument,
+    "Hook": HookDocument,
+    "Skill": SkillDocument,
+}
+
+
+def json_schema() -> dict[str, Any]:
+    """One JSON Schema for any definition document, for editors."""
+    schema: dict[str, Any] = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "Corral definition document",
+        "oneOf": [],
+        "$defs": {},
+    }
+    for kind, model in DOCUMENT_MODELS.items():
+        sub = model.model_json_schema(ref_template="#/$defs/{model}", mode="validation")
+        schema["$defs"].update(sub.pop("$defs", {}))
+        if kind == "Hook":
+            sub["properties"]["event"]["enum"] += list(HOOK_EVENTS)
+            sub["properties"]["command"] = {
+                "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]
+            }
+        schema["$defs"][model.__name__] = sub
+        schema["oneOf"].append({"$ref": f"#/$defs/{model.__name__}"})
+    return schema

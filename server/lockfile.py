@@ -1,0 +1,94 @@
+"""`corral.lock`: the reviewed digests of a definition set.
+
+JSON with sorted keys and a final newline, byte-stable for the same set:
+`{"version": 1, "digest", "definitions": {"kind/name": digest},
+"mcp_catalogs": {server: digest}}`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .definitions import DefinitionSet
+
+LOCK_FILE = "corral.lock"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class Lock:
+    digest: str
+    definitions: dict[str, str]
+    mcp_catalogs: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, definitions: DefinitionSet, mcp_catalogs: dict[str, str] | None = None) -> Lock:
+        return cls(definitions.digest, definitions.digests(), dict(mcp_catalogs or {}))
+
+    def render(self) -> str:
+        body = {
+            "version": VERSION,
+            "digest": self.digest,
+            "definitions": self.definitions,
+            "mcp_catalogs": self.mcp_catalogs,
+        }
+        return json.dumps(body, indent=2, sort_keys=True) + "\n"
+
+
+class LockError(ValueError):
+    pass
+
+
+def read_lock(root: Path) -> Lock | None:
+    """The lock in `root`, or None when there is none; LockError when unreadable."""
+    path = root / LOCK_FILE
+    try:
+        data: Any = json.loads(path.read_text("utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise LockError(f"{LOCK_FILE} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or data.get("version") != VERSION:
+        raise LockError(f"{LOCK_FILE} has no supported version (expected {VERSION})")
+    try:
+        return Lock(str(data["digest"]), dict(data["definitions"]), dict(data.get("mcp_catalogs", {})))
+    except (KeyError, TypeError, ValueError):
+        raise LockError(f"{LOCK_FILE} is missing `digest` or `definitions`") from None
+
+
+def write_lock(root: Path, lock: Lock) -> Path:
+    path = root / LOCK_FILE
+    tmp = path.with_suffix(".lock.tmp")
+    tmp.write_text(lock.render(), "utf-8")
+    tmp.replace(path)
+    return path
+
+
+@dataclass(frozen=True)
+class Drift:
+    ref: str
+    change: str  # added | changed | removed
+    locked: str | None
+    current: str | None
+
+    def __str__(self) -> str:
+        if self.change == "added":
+            return f"+ {self.ref} {self.current} (not in the lock)"
+        if self.change == "removed":
+            return f"- {self.ref} {self.locked} (locked, no longer defined)"
+        return f"~ {self.ref} {self.locked} -> {self.current}"
+
+
+def drift(lock: Lock, current: Lock) -> list[Drift]:
+    """What differs between the lock and the current set, sorted by ref."""
+    out = []
+    for ref in sorted(set(lock.definitions) | set(current.definitions)):
+        old, new = lock.definitions.get(ref), current.definitions.get(ref)
+        if old == new:
+            continue
+        change = "added" if old is None else "removed" if new is None else "changed"
+        out.append(Drift(ref, change, old, new))
+    return out

@@ -1,0 +1,195 @@
+"""From a validated document to its normalized spec: what gets hashed.
+
+The spec is the document's dump with defaults filled in, plus the content of
+every file it points to inside the definition directory: an
+`instructions_file` is read into `instructions`; a skill folder becomes
+`files` (path within the folder -> content digest); an argv element naming a
+file becomes a directory-relative path whose content digest is in `files`.
+Where a file sits, and which YAML file a document came from, are not part of
+the spec, so moving things around changes no digest.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .documents import (
+    AgentDocument,
+    Document,
+    HookDocument,
+    MCPServerDocument,
+    SkillDocument,
+    ToolDocument,
+)
+from .sources import SKILL_FILE, FileStamps, PathEscape, SourceDocument, confine, relative
+
+MAX_SKILL_FILES = 1000
+
+
+class NormalizeError(ValueError):
+    """An author error found while reading referenced files; `field` is its path."""
+
+    def __init__(self, field: tuple[str | int, ...], message: str):
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+@dataclass
+class Normalized:
+    spec: dict[str, Any]
+    deps: dict[Path, str] = field(default_factory=dict)  # files read -> content digest
+    folder: Path | None = None
+
+
+class Normalizer:
+    def __init__(self, root: Path, stamps: FileStamps):
+        self.root = root
+        self.stamps = stamps
+
+    def __call__(self, source: SourceDocument, doc: Document) -> Normalized:
+        out = Normalized(spec=doc.model_dump(mode="json", by_alias=False))
+        handler: Callable[[SourceDocument, Any, Normalized], None] | None = {
+            "Agent": self._agent,
+            "Tool": self._tool,
+            "Hook": self._hook,
+            "MCPServer": self._mcpserver,
+            "Skill": self._skill,
+        }.get(doc.kind)
+        if handler is not None:
+            handler(source, doc, out)
+        return out
+
+    # --- files ---------------------------------------------------------------
+
+    def _confined(self, source: SourceDocument, written: str, where: tuple) -> Path:
+        try:
+            return confine(self.root, source.base, written)
+        except PathEscape as exc:
+            raise NormalizeError(where, str(exc)) from None
+
+    def _read_text(self, path: Path, out: Normalized, where: tuple) -> str:
+        try:
+            data = path.read_bytes()
+            out.deps[path] = self.stamps.content_digest(path)
+            return data.decode("utf-8")
+        except FileNotFoundError:
+            raise NormalizeError(where, f"file not found: {relative(self.root, path)}") from None
+        except IsADirectoryError:
+            raise NormalizeError(where, "names a directory, not a file") from None
+        except UnicodeDecodeError:
+            raise NormalizeError(where, "file is not UTF-8 text") from None
+
+    def _argv(self, source: SourceDocument, argv: list[str], out: Normalized, where: tuple) -> list[str]:
+        """Argv elements naming files inside the directory count by content."""
+        files: dict[str, str] = out.spec.setdefault("files", {})
+        result = []
+        for i, item in enumerate(argv):
+            result.append(self._argv_item(source, item, files, out, (*where, i)))
+        return result
+
+    def _argv_item(self, source, item: str, files: dict, out: Normalized, where: tuple) -> str:
+        if "{" in item or item.startswith("-") or os.path.isabs(item) or not item:
+            return item
+        candidate = source.base / item
+        if not candidate.is_file():
+            return item
+        path = self._confined(source, item, where)
+        rel = relative(self.root, path)
+        digest = self.stamps.content_digest(path)
+        files[rel] = digest
+        out.deps[path] = digest
+        return rel
+
+    def _cwd(self, source: SourceDocument, cwd: str | None, where: tuple) -> str | None:
+        if cwd is None:
+            return None
+        path = self._confined(source, cwd, where)
+        if not path.is_dir():
+            raise NormalizeError(where, f"cwd is not a directory: {cwd}")
+        return relative(self.root, path)
+
+    # --- kinds ---------------------------------------------------------------
+
+    def _agent(self, source: SourceDocument, doc: AgentDocument, out: Normalized) -> None:
+        spec = out.spec
+        written = spec.pop("instructions_file")
+        if written is not None:
+            path = self._confined(source, written, ("instructions_file",))
+            spec["instructions"] = self._read_text(path, out, ("instructions_file",))
+
+    def _tool(self, source: SourceDocument, doc: ToolDocument, out: Normalized) -> None:
+        command = out.spec.get("command")
+        if command is not None:
+            out.spec["files"] = {}
+            command["argv"] = self._argv(source, command["argv"], out, ("command", "argv"))
+            command["cwd"] = self._cwd(source, command["cwd"], ("command", "cwd"))
+
+    def _hook(self, source: SourceDocument, doc: HookDocument, out: Normalized) -> None:
+        out.spec["files"] = {}
+        if out.spec.get("command") is not None:
+            out.spec["command"] = self._argv(source, out.spec["command"], out, ("command",))
+
+    def _mcpserver(self, source: SourceDocument, doc: MCPServerDocument, out: Normalized) -> None:
+        spec = out.spec
+        spec["files"] = {}
+        if spec["transport"] == "stdio":
+            files = spec["files"]
+            spec["command"] = self._argv_item(source, spec["command"], files, out, ("command",))
+            spec["args"] = self._argv(source, spec["args"], out, ("args",))
+            spec["cwd"] = self._cwd(source, spec["cwd"], ("cwd",))
+
+    def _skill(self, source: SourceDocument, doc: SkillDocument, out: Normalized) -> None:
+        spec = out.spec
+        written = spec.pop("path")
+        if source.skill_folder is not None:
+            folder = source.skill_folder
+            if folder.name != doc.name:
+                raise NormalizeError(("name",), f"must match its folder name {folder.name!r}")
+            spec["instructions"] = source.body
+        elif written is not None:
+            folder = self._confined(source, written, ("path",))
+            if not folder.is_dir():
+                raise NormalizeError(("path",), f"not a directory: {written}")
+            if spec["instructions"] is None:
+                skill_md = folder / SKILL_FILE
+                if not skill_md.is_file():
+                    raise NormalizeError(("path",), "needs instructions, or a SKILL.md in the folder")
+                spec["instructions"] = _markdown_body(self._read_text(skill_md, out, ("path",)))
+        else:
+            spec["files"] = {}
+            return
+        spec["files"] = self._folder_files(folder, out)
+        out.folder = folder
+
+    def _folder_files(self, folder: Path, out: Normalized) -> dict[str, str]:
+        files: dict[str, str] = {}
+        for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+            dirnames.sort()
+            for name in sorted(filenames):
+                path = Path(dirpath) / name
+                if path.is_symlink():
+                    target = path.resolve()
+                    if folder not in target.parents:
+                        rel = relative(self.root, path)
+                        raise NormalizeError(("path",), f"{rel} is a symlink out of the skill folder")
+                if len(files) >= MAX_SKILL_FILES:
+                    raise NormalizeError(("path",), f"more than {MAX_SKILL_FILES} files in the skill")
+                digest = self.stamps.content_digest(path)
+                files[path.relative_to(folder).as_posix()] = digest
+                out.deps[path] = digest
+        return files
+
+
+def _markdown_body(text: str) -> str:
+    """A SKILL.md's body: the text after its front matter, if it has one."""
+    lines = text.split("\n")
+    if lines and lines[0].strip() == "---":
+        for i in range(1, len(lines)):
+            if lines[i].strip() == "---":
+                return "\n".join(lines[i + 1 :]).strip("\n")
+    return text.strip("\n")
