@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from .canonical import digest_of
 from .definitions import DEFINITION_TYPES, Definition, DefinitionSet, Source
-from .documents import DOCUMENT_MODELS, KINDS, Document
+from .documents import DOCUMENT_MODELS, KINDS, Document, FieldProblem
 from .errors import DefinitionError, DefinitionsInvalid
 from .linking import Key, Linker
 from .normalize import Normalized, NormalizeError, Normalizer
@@ -126,10 +126,7 @@ class Compiler:
         return normalized, own
 
     def _deps_unchanged(self, normalized: Normalized) -> bool:
-        try:
-            return all(self.stamps.content_digest(p) == d for p, d in normalized.deps.items())
-        except OSError:
-            return False
+        return normalized.unchanged(self.stamps)
 
     def _error(self, source: SourceDocument, kind: str, name: str,
                path: tuple[str | int, ...], message: str) -> DefinitionError:
@@ -192,7 +189,7 @@ def validate_document(source: SourceDocument) -> tuple[Document | None, list[Def
     name = data.get("name") if isinstance(data.get("name"), str) else ""
     if kind is None:
         return fail("missing `kind` (one of " + ", ".join(KINDS) + ")", name=name)
-    if kind not in DOCUMENT_MODELS:
+    if not isinstance(kind, str) or kind not in DOCUMENT_MODELS:  # `kind: [Agent]` is unhashable
         close = difflib.get_close_matches(str(kind), KINDS, n=1, cutoff=0.5)
         hint = f" (did you mean {close[0]!r}?)" if close else f" (one of {', '.join(KINDS)})"
         return fail(f"unknown kind {kind!r}{hint}", ("kind",), name=name)
@@ -204,10 +201,17 @@ def validate_document(source: SourceDocument) -> tuple[Document | None, list[Def
         return None, found
 
 
+# pydantic speaks Python; the author wrote YAML, where a tuple is a list and a dict a mapping.
+_YAML_WORDS = {
+    "tuple_type": "Input should be a list",
+    "dict_type": "Input should be a mapping",
+}
+
+
 def _locate(source: SourceDocument, model: type[BaseModel], kind: str, name: str,
             err: Any) -> DefinitionError:
-    path = _data_path(source.parsed.data, err["loc"])
-    message = err["msg"].removeprefix("Value error, ")
+    path = _data_path(source.parsed.data, _error_loc(err))
+    message = _YAML_WORDS.get(err["type"], err["msg"].removeprefix("Value error, "))
     if err["type"] == "extra_forbidden":
         message = f"unknown field {path[-1]!r}" + _did_you_mean(model, path)
     elif err["type"] == "missing":
@@ -217,6 +221,14 @@ def _locate(source: SourceDocument, model: type[BaseModel], kind: str, name: str
     return DefinitionError(file=source.file, line=pos.line, column=pos.column, kind=kind,
                            name=name, field=_field_path(path) if path else _field_path(err["loc"]),
                            message=message)
+
+
+def _error_loc(err: Any) -> tuple:
+    """pydantic's `loc`, taken down to the field a `FieldProblem` names."""
+    problem = (err.get("ctx") or {}).get("error")
+    if isinstance(problem, FieldProblem):
+        return (*err["loc"], *problem.path)
+    return tuple(err["loc"])
 
 
 def _data_path(data: Any, loc: tuple) -> tuple[str | int, ...]:

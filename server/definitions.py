@@ -192,6 +192,10 @@ class DefinitionSet:
     def agents(self) -> list[AgentDefinition]:
         return self.of_kind("Agent")  # type: ignore[return-value]
 
+    def closure(self, agent_name: str) -> Closure | None:
+        agent = self.by_key.get(("Agent", agent_name))
+        return Closure.of(self, agent) if isinstance(agent, AgentDefinition) else None
+
     def digests(self) -> dict[str, str]:
         """`kind/name` -> digest, as the lock file records them."""
         return {d.ref: d.digest for d in self}
@@ -210,3 +214,52 @@ class DefinitionSet:
                 for d in self
             ],
         }
+
+
+@dataclass(frozen=True)
+class Closure:
+    """An agent and every definition it can reach: all a turn runs on.
+
+    A turn holds its closure from start to end, so a swap of the current set
+    never changes what a running turn sees.
+    """
+
+    agent: AgentDefinition
+    members: Mapping[tuple[str, str], Definition]
+    root: Path
+
+    @classmethod
+    def of(cls, definitions: DefinitionSet, agent: AgentDefinition) -> Closure:
+        members: dict[tuple[str, str], Definition] = {("Agent", agent.name): agent}
+        for ref in agent.closure:
+            kind_path, name = ref.split("/", 1)
+            key = (PATH_KINDS[kind_path], name)
+            members[key] = definitions.by_key[key]
+        return cls(agent=agent, members=freeze(members), root=definitions.root)
+
+    def get(self, kind: str, name: str) -> Definition:
+        return self.members[(kind, name)]
+
+    def sub_closure(self, name: str) -> Closure:
+        """The closure of a sub-agent, drawn from this one."""
+        agent = self.members[("Agent", name)]
+        assert isinstance(agent, AgentDefinition)
+        keys = [("Agent", name)] + [
+            (PATH_KINDS[r.split("/", 1)[0]], r.split("/", 1)[1]) for r in agent.closure
+        ]
+        return Closure(agent=agent, members=freeze({k: self.members[k] for k in keys}), root=self.root)
+
+    def model_chain(self) -> list[ModelDefinition]:
+        """The agent's model, then its fallbacks depth-first, each once."""
+        chain: list[ModelDefinition] = []
+
+        def add(name: str) -> None:
+            model = self.members[("Model", name)]
+            assert isinstance(model, ModelDefinition)
+            if model not in chain:
+                chain.append(model)
+                for fallback in model.fallbacks:
+                    add(fallback)
+
+        add(self.agent.model)
+        return chain

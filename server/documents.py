@@ -38,6 +38,18 @@ PROVIDER_DEFAULTS = {
 }
 
 
+class FieldProblem(ValueError):
+    """A check across fields that can still point at the offending one.
+
+    Raised from a model validator, whose error pydantic locates at the whole
+    model; `path` (below that model) lets the compiler report the field itself.
+    """
+
+    def __init__(self, path: tuple[str | int, ...], message: str):
+        super().__init__(message)
+        self.path = path
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -133,7 +145,8 @@ class ModelDocument(Document):
             object.__setattr__(self, "base_url", self.base_url or base_url)
             object.__setattr__(self, "api_key", self.api_key or api_key)
         if self.name in self.fallbacks:
-            raise ValueError("a model cannot fall back to itself")
+            raise FieldProblem(("fallbacks", self.fallbacks.index(self.name)),
+                               "a model cannot fall back to itself")
         return self
 
 
@@ -202,26 +215,31 @@ class ToolDocument(Document):
         if (self.http is None) == (self.command is None):
             raise ValueError("a tool needs exactly one of `http` or `command`")
         known = set(self.input_schema.get("properties", {}))
-        for text in self.template_strings():
+        for path, text in self.template_fields():
             for name in templates.placeholders(text):
                 if name not in known:
-                    raise ValueError(f"placeholder {{{name}}} is not a property of input_schema")
+                    raise FieldProblem(path, f"placeholder {{{name}}} is not a property of input_schema")
         return self
 
     def template_strings(self) -> list[str]:
+        return [text for _, text in self.template_fields()]
+
+    def template_fields(self) -> list[tuple[tuple[str | int, ...], str]]:
+        """Every string that may hold placeholders, with its path in the document."""
         if self.command is not None:
-            return list(self.command.argv)
+            return [(("command", "argv", i), item) for i, item in enumerate(self.command.argv)]
         assert self.http is not None
-        return [self.http.url, *self.http.headers.values(), *_strings(self.http.body)]
+        headers = [(("http", "headers", k), v) for k, v in self.http.headers.items()]
+        return [(("http", "url"), self.http.url), *headers, *_strings(self.http.body, ("http", "body"))]
 
 
-def _strings(value: Any) -> list[str]:
+def _strings(value: Any, path: tuple[str | int, ...]) -> list[tuple[tuple[str | int, ...], str]]:
     if isinstance(value, str):
-        return [value]
+        return [(path, value)]
     if isinstance(value, dict):
-        return [s for v in value.values() for s in _strings(v)]
+        return [s for k, v in value.items() for s in _strings(v, (*path, k))]
     if isinstance(value, list):
-        return [s for v in value for s in _strings(v)]
+        return [s for i, v in enumerate(value) for s in _strings(v, (*path, i))]
     return []
 
 
@@ -362,7 +380,8 @@ class AgentDocument(Document):
         if self.instructions and self.instructions_file:
             raise ValueError("give `instructions` or `instructions_file`, not both")
         if self.name in self.agents:
-            raise ValueError("an agent cannot call itself as a sub-agent")
+            raise FieldProblem(("agents", self.agents.index(self.name)),
+                               "an agent cannot call itself as a sub-agent")
         return self
 
 

@@ -44,6 +44,19 @@ class Normalized:
     spec: dict[str, Any]
     deps: dict[Path, str] = field(default_factory=dict)  # files read -> content digest
     folder: Path | None = None
+    absent: set[Path] = field(default_factory=set)  # argv paths that named no file (yet)
+    listings: dict[Path, tuple[str, ...]] = field(default_factory=dict)  # skill folder -> its files
+
+    def unchanged(self, stamps: FileStamps) -> bool:
+        """Whether normalizing again would read the same files: none edited, added or removed."""
+        try:
+            return (
+                all(stamps.content_digest(p) == d for p, d in self.deps.items())
+                and not any(p.is_file() for p in self.absent)
+                and all(_listing(f) == names for f, names in self.listings.items())
+            )
+        except OSError:
+            return False
 
 
 class Normalizer:
@@ -97,6 +110,7 @@ class Normalizer:
             return item
         candidate = source.base / item
         if not candidate.is_file():
+            out.absent.add(candidate)
             return item
         path = self._confined(source, item, where)
         rel = relative(self.root, path)
@@ -163,10 +177,12 @@ class Normalizer:
         else:
             spec["files"] = {}
             return
-        spec["files"] = self._folder_files(folder, out)
+        # A SKILL.md document has no `path` field: its folder's faults belong to the document.
+        where = ("path",) if source.skill_folder is None else ()
+        spec["files"] = self._folder_files(folder, out, where)
         out.folder = folder
 
-    def _folder_files(self, folder: Path, out: Normalized) -> dict[str, str]:
+    def _folder_files(self, folder: Path, out: Normalized, where: tuple) -> dict[str, str]:
         files: dict[str, str] = {}
         for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
             dirnames.sort()
@@ -176,13 +192,23 @@ class Normalizer:
                     target = path.resolve()
                     if folder not in target.parents:
                         rel = relative(self.root, path)
-                        raise NormalizeError(("path",), f"{rel} is a symlink out of the skill folder")
+                        raise NormalizeError(where, f"{rel} is a symlink out of the skill folder")
                 if len(files) >= MAX_SKILL_FILES:
-                    raise NormalizeError(("path",), f"more than {MAX_SKILL_FILES} files in the skill")
+                    raise NormalizeError(where, f"more than {MAX_SKILL_FILES} files in the skill")
                 digest = self.stamps.content_digest(path)
                 files[path.relative_to(folder).as_posix()] = digest
                 out.deps[path] = digest
+        out.listings[folder] = tuple(files)
         return files
+
+
+def _listing(folder: Path) -> tuple[str, ...]:
+    """The files under `folder`, in the order `_folder_files` finds them."""
+    names: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        dirnames.sort()
+        names += [(Path(dirpath) / name).relative_to(folder).as_posix() for name in sorted(filenames)]
+    return tuple(names)
 
 
 def _markdown_body(text: str) -> str:

@@ -163,26 +163,27 @@ def _skill_document(rel: str, path: Path, text: str) -> SourceDocument:
 class FileStamps:
     """Tells whether a file changed since it was last seen, cheaply and safely.
 
-    A stat key (mtime, size, inode) decides, except for files modified in the
-    last two seconds: mtimes are coarse (a kernel tick), so two same-size
-    writes in one tick look alike. Those are compared by content, as git does
-    for "racily clean" index entries.
+    A stat key (mtime, size, inode) decides, except for a file that was read
+    within two seconds of its mtime: mtimes are coarse (a kernel tick), so a
+    same-size write later in that tick keeps the key. Such a "racily clean"
+    file is compared by content until it is read once its mtime is old, as
+    git does for its index entries.
     """
 
     RACY_NS = 2_000_000_000
 
     def __init__(self) -> None:
-        self._seen: dict[Path, tuple[tuple[int, int, int], str]] = {}
+        self._seen: dict[Path, tuple[tuple[int, int, int], str, bool]] = {}
 
     def content_digest(self, path: Path) -> str:
         """sha256 of the file's bytes, read again only when it may have changed."""
         st = path.stat()
         key = (st.st_mtime_ns, st.st_size, st.st_ino)
         seen = self._seen.get(path)
-        if seen is not None and seen[0] == key and time.time_ns() - st.st_mtime_ns > self.RACY_NS:
+        if seen is not None and seen[0] == key and seen[2]:
             return seen[1]
         digest = digest_bytes(path.read_bytes())
-        self._seen[path] = (key, digest)
+        self._seen[path] = (key, digest, time.time_ns() - st.st_mtime_ns > self.RACY_NS)
         return digest
 
     def retain(self, paths: set[Path]) -> None:

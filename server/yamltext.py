@@ -243,9 +243,30 @@ def parse_yaml(text: str, *, line_offset: int = 0) -> list[ParsedDocument]:
             builder.feed(event)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        message = " ".join(p for p in (exc.context, exc.problem) if p)
         position = _position(mark, line_offset) if mark else Position(1, 1)
-        raise YAMLProblem(message or "invalid YAML", position) from None
+        raise YAMLProblem(_syntax_message(exc, text, line_offset), position) from None
     except yaml.YAMLError as exc:
         raise YAMLProblem(str(exc), Position(1, 1)) from None
     return builder.documents
+
+
+def _syntax_message(exc: yaml.MarkedYAMLError, text: str, line_offset: int) -> str:
+    """libyaml's problem, said plainly: where the unclosed construct began, and tabs named.
+
+    The error is reported where libyaml gave up, often the end of the file; the
+    construct it was inside (an unclosed `[`, a quote) started elsewhere, so say where.
+    """
+    problem = exc.problem or "invalid YAML"
+    mark = exc.problem_mark
+    if mark is not None and "tab" not in problem and _char_at(text, mark.line, mark.column) == "\t":
+        problem = "found a tab character; indent YAML with spaces"
+    start = exc.context_mark
+    if exc.context and start is not None and (mark is None or start.line != mark.line):
+        where = _position(start, line_offset)
+        problem += f" ({exc.context} at line {where.line}, column {where.column})"
+    return problem
+
+
+def _char_at(text: str, line: int, column: int) -> str:
+    lines = text.split("\n")
+    return lines[line][column : column + 1] if line < len(lines) else ""

@@ -1,0 +1,64 @@
+"""The Starlette application: routes, guards, error handlers, and the service lifespan."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from ..errors import CorralError
+from ..service import open_service
+from ..settings import Settings
+from . import agents, conversations, openai_compat
+from .guards import ApiKeys, BodyLimit
+from .http import corral_error_handler, internal_error_handler
+
+
+async def healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    service = getattr(request.app.state, "service", None)
+    if service is None or not service.ready or not service.conversations.accepting:
+        return JSONResponse({"status": "not ready"}, status_code=503)
+    return JSONResponse({"status": "ready", "digest": service.registry.current.digest})
+
+
+async def metrics(request: Request) -> Response:
+    body = request.app.state.service.metrics.render()
+    return PlainTextResponse(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def create_app(settings: Settings) -> Starlette:
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with open_service(settings) as service:
+            app.state.service = service
+            app.state.started_at = time.time()
+            yield
+
+    routes = [
+        Route("/healthz", healthz),
+        Route("/readyz", readyz),
+        Route("/metrics", metrics),
+        *agents.routes,
+        *conversations.routes,
+        *openai_compat.routes,
+    ]
+    middleware = [
+        Middleware(ApiKeys, keys=settings.keys),
+        Middleware(BodyLimit, limit=settings.max_body_bytes),
+    ]
+    return Starlette(
+        routes=routes,
+        middleware=middleware,
+        lifespan=lifespan,
+        exception_handlers={CorralError: corral_error_handler, Exception: internal_error_handler},
+    )

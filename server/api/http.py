@@ -1,0 +1,107 @@
+"""Request and response plumbing shared by every route: JSON bodies, errors, pages, SSE."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from ..errors import CorralError, RequestError
+
+log = logging.getLogger("corral.http")
+Body = TypeVar("Body", bound=BaseModel)
+
+
+def error_response(exc: CorralError) -> JSONResponse:
+    return JSONResponse(exc.envelope(), status_code=exc.http_status)
+
+
+async def corral_error_handler(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, CorralError)
+    return error_response(exc)
+
+
+async def internal_error_handler(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return error_response(CorralError("internal server error"))
+
+
+async def read_json(request: Request, model: type[Body]) -> Body:
+    """Parse and validate a JSON body; every failure is a 400 `invalid_request`."""
+    raw = await request.body()
+    try:
+        data = json.loads(raw or b"null")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RequestError(f"body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise RequestError("body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        details = [{"field": ".".join(map(str, e["loc"])), "message": e["msg"]} for e in exc.errors()]
+        raise RequestError("invalid request body", details=details) from None
+
+
+def iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def page_params(request: Request, default: int = 50) -> tuple[int, str | None]:
+    raw = request.query_params.get("limit", str(default))
+    try:
+        limit = int(raw)
+    except ValueError:
+        raise RequestError("limit must be an integer") from None
+    if not 1 <= limit <= 1000:
+        raise RequestError("limit must be between 1 and 1000")
+    cursor = request.query_params.get("cursor")
+    if not cursor:
+        return limit, None
+    try:
+        return limit, base64.urlsafe_b64decode(cursor.encode() + b"==").decode()
+    except (ValueError, UnicodeDecodeError):
+        raise RequestError("cursor is not valid") from None
+
+
+def page(items: list[Any], limit: int, key) -> dict[str, Any]:
+    """`{"items", "next_cursor"}` from `limit + 1` fetched rows."""
+    more = len(items) > limit
+    items = items[:limit]
+    cursor = None
+    if more and items:
+        cursor = base64.urlsafe_b64encode(str(key(items[-1])).encode()).decode().rstrip("=")
+    return {"items": items, "next_cursor": cursor}
+
+
+def sse_frame(name: str, data: Any, event_id: int | None = None) -> bytes:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+def sse_response(frames: AsyncIterator[bytes], metrics=None) -> StreamingResponse:
+    """Stream SSE frames; Starlette closes the generator when the client leaves."""
+
+    async def body() -> AsyncIterator[bytes]:
+        if metrics is not None:
+            metrics.streams.inc(amount=1)
+        try:
+            async for frame in frames:
+                yield frame
+        finally:
+            if metrics is not None:
+                metrics.streams.inc(amount=-1)
+
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
+
+
+KEEP_ALIVE = b": keep-alive\n\n"

@@ -1,0 +1,328 @@
+"""Conversations: turns one at a time, run server-side, persisted as they go.
+
+Responsible for: creating conversations on a resolved agent; accepting a
+message under the busy policy (`reject` answers 409 naming the running turn,
+`enqueue` waits its turn in order, `interrupt` cancels the running turn
+first); idempotency keys; running each turn in the service's task group (so
+a client that disconnects cancels nothing); persisting the transcript and
+every event before publishing it; and live event streams that replay from
+the store, so `Last-Event-ID` resumes without loss or duplicates.
+
+Not responsible for: what a turn does (`loop`), how it is built (`runtime`),
+or which definitions are current (`registry`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from .errors import CorralError, RequestError
+from .events import HEARTBEAT_S, EventHub
+from .ids import new_id
+from .messages import Message
+from .metrics import Metrics
+from .registry import Registry, split_ref
+from .runtime import Runtime
+from .store.base import ConversationRecord, EventRecord, Store, TurnRecord
+from .turns import TurnRunner
+
+log = logging.getLogger("corral.conversations")
+
+TERMINAL_EVENTS = ("turn.completed", "turn.failed", "turn.cancelled")
+BUSY_POLICIES = ("reject", "enqueue", "interrupt")
+
+
+class ConversationNotFound(RequestError):
+    code = "conversation_not_found"
+
+
+class ConversationBusy(RequestError):
+    code = "conversation_busy"
+
+
+@dataclass
+class Running:
+    turn: TurnRecord
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    done: anyio.Event = field(default_factory=anyio.Event)
+    started_seq: int = 0
+    outcome: tuple[str, Any] | None = None  # ("completed", Done) | ("failed", error envelope)
+    reason: str | None = None  # why it was cancelled: "interrupted" by shutdown, else a client
+
+
+@dataclass
+class _Pending:
+    """A request holding an idempotency key; duplicates wait for its outcome and share it."""
+
+    ready: anyio.Event = field(default_factory=anyio.Event)
+    running: Running | None = None
+    error: BaseException | None = None
+
+    async def outcome(self) -> Running:
+        await self.ready.wait()
+        if self.running is None:
+            raise self.error or CorralError("the original request failed")
+        return self.running
+
+
+@dataclass
+class _Live:
+    """In-memory state of one conversation on this process."""
+
+    slot: anyio.Semaphore = field(default_factory=lambda: anyio.Semaphore(1))
+    running: Running | None = None
+    keys: dict[str, _Pending] = field(default_factory=dict)  # idempotency keys in flight
+    waiting: int = 0
+
+
+class Conversations:
+    def __init__(self, store: Store, registry: Registry, runtime: Runtime, hub: EventHub,
+                 metrics: Metrics, *, idempotency_ttl_s: float = 86_400):
+        self.store = store
+        self.registry = registry
+        self.hub = hub
+        self.metrics = metrics
+        self.runner = TurnRunner(store, runtime, hub, metrics)
+        self.idempotency_ttl_s = idempotency_ttl_s
+        self._live: dict[str, _Live] = {}
+        self._tg: TaskGroup | None = None
+        self.accepting = True
+
+    # --- lifecycle -----------------------------------------------------------
+
+    async def run(self, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        """Own the task group turns run in, until cancelled."""
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            task_status.started()
+            await anyio.sleep_forever()
+
+    def running_turns(self) -> list[Running]:
+        return [live.running for live in self._live.values() if live.running is not None]
+
+    async def drain(self, grace_s: float) -> None:
+        """Stop accepting turns; give running ones `grace_s`, then cancel the rest."""
+        self.accepting = False
+        with anyio.move_on_after(grace_s):
+            for running in self.running_turns():
+                await running.done.wait()
+        for running in self.running_turns():
+            running.reason = "interrupted"
+            running.scope.cancel()
+        with anyio.move_on_after(5):
+            for running in self.running_turns():
+                await running.done.wait()
+
+    # --- conversations -------------------------------------------------------
+
+    async def create(self, agent: str, title: str | None, metadata: dict[str, Any]) -> ConversationRecord:
+        closure = self.registry.resolve(agent)
+        now = time.time()
+        record = ConversationRecord(
+            id=new_id("conv"), agent=agent, agent_name=closure.agent.name, digest=closure.agent.digest,
+            pinned=split_ref(agent)[1] is not None, title=title, metadata=metadata,
+            status="idle", created_at=now, updated_at=now,
+        )
+        await self.store.create_conversation(record)
+        return record
+
+    async def get(self, conversation_id: str) -> ConversationRecord:
+        record = await self.store.get_conversation(conversation_id)
+        if record is None:
+            raise ConversationNotFound(f"no conversation {conversation_id!r}",
+                                       details={"conversation_id": conversation_id})
+        return record
+
+    async def delete(self, conversation_id: str) -> None:
+        live = self._live.get(conversation_id)
+        if live is not None and live.running is not None:
+            raise ConversationBusy("the conversation has a turn running; interrupt it first",
+                                   details={"turn_id": live.running.turn.id})
+        if not await self.store.delete_conversation(conversation_id):
+            raise ConversationNotFound(f"no conversation {conversation_id!r}")
+        self._live.pop(conversation_id, None)
+
+    # --- turns ---------------------------------------------------------------
+
+    async def send(self, conversation_id: str, text: str, *, if_busy: str | None = None,
+                   idempotency_key: str | None = None) -> Running:
+        """Start a turn (or find the one this idempotency key started); returns once it is running."""
+        conversation = await self.get(conversation_id)
+        if not self.accepting:
+            raise CorralError("the server is shutting down", code="overloaded")
+        live = self._live.setdefault(conversation_id, _Live())
+        if not idempotency_key:
+            return await self._start(live, conversation, text, if_busy, None)
+        found = await self._stored_turn(conversation_id, idempotency_key)
+        if found is not None:
+            return found
+        # No await between this check and the reservation: a concurrent duplicate sees one or the other.
+        if idempotency_key in live.keys:
+            return await live.keys[idempotency_key].outcome()
+        pending = live.keys[idempotency_key] = _Pending()
+        try:
+            pending.running = await self._start(live, conversation, text, if_busy, idempotency_key)
+            return pending.running
+        except BaseException as exc:
+            pending.error = exc
+            live.keys.pop(idempotency_key, None)
+            raise
+        finally:
+            pending.ready.set()
+
+    async def _start(self, live: _Live, conversation: ConversationRecord, text: str,
+                     if_busy: str | None, key: str | None) -> Running:
+        closure = self.registry.resolve(conversation.agent)
+        policy = if_busy or closure.agent.on_busy
+        if policy not in BUSY_POLICIES:
+            raise RequestError(f"if_busy must be one of {', '.join(BUSY_POLICIES)}")
+        await self._take_slot(live, policy)
+        try:
+            conversation = await self.get(conversation.id)
+            closure = self.registry.resolve(conversation.agent)  # what is current now that it is our turn
+            running = Running(turn=self.runner.new_turn(conversation, closure, text, key))
+            live.running = running
+            assert self._tg is not None
+            await self._tg.start(self._run_turn, live, conversation, closure, running)
+            return running
+        except BaseException:
+            live.running = None
+            live.slot.release()
+            raise
+
+    async def _take_slot(self, live: _Live, policy: str) -> None:
+        if live.slot.value == 0 and policy == "reject":
+            running = live.running
+            turn_id = running.turn.id if running else None
+            raise ConversationBusy(f"the conversation is busy with turn {turn_id}",
+                                   details={"turn_id": turn_id})
+        if policy == "interrupt" and live.running is not None:
+            live.running.scope.cancel()
+        live.waiting += 1
+        try:
+            await live.slot.acquire()
+        finally:
+            live.waiting -= 1
+
+    async def _stored_turn(self, conversation_id: str, key: str) -> Running | None:
+        turn = await self.store.find_turn_by_key(conversation_id, key, 0.0)
+        if turn is None:
+            return None
+        if turn.started_at < time.time() - self.idempotency_ttl_s:
+            # Expired: release the key so it can name a new turn (the store keeps keys unique).
+            await self.store.update_turn(turn.id, idempotency_key=None)
+            return None
+        done = Running(turn=turn)
+        done.done.set()
+        return done
+
+    async def _run_turn(self, live: _Live, conversation: ConversationRecord, closure, running: Running,
+                        task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        try:
+            with running.scope:
+                await self.runner.run(conversation, closure, running, task_status)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.runner.finish(conversation, running)
+                live.running = None
+                if running.turn.idempotency_key:
+                    live.keys.pop(running.turn.idempotency_key, None)
+                running.done.set()
+                live.slot.release()
+                if live.waiting == 0 and live.running is None:
+                    self._live.pop(conversation.id, None)
+
+    async def interrupt(self, conversation_id: str) -> str | None:
+        """Cancel the running turn; returns its id, or None when idle."""
+        await self.get(conversation_id)
+        live = self._live.get(conversation_id)
+        if live is None or live.running is None:
+            return None
+        running = live.running
+        running.scope.cancel()
+        with anyio.fail_after(10):
+            await running.done.wait()
+        return running.turn.id
+
+    def busy(self) -> list[Running]:
+        return self.running_turns()
+
+    async def result(self, running: Running) -> dict[str, Any]:
+        """The non-streaming answer of a turn, once it has ended."""
+        await running.done.wait()
+        turn = await self.store.get_turn(running.turn.id)
+        assert turn is not None
+        messages = await self._turn_messages(turn)
+        body: dict[str, Any] = {
+            "turn_id": turn.id, "digest": turn.digest, "status": turn.status,
+            "output": turn.output, "messages": [m.to_json() for m in messages],
+        }
+        if turn.error:
+            body["error"] = turn.error
+        return body
+
+    async def _turn_messages(self, turn: TurnRecord) -> list[Message]:
+        records = await self.store.list_messages(turn.conversation_id, limit=100_000)
+        return [r.message for r in records if r.turn_id == turn.id]
+
+    # --- events ----------------------------------------------------------------
+
+    async def events(self, conversation_id: str, after: int = 0,
+                     until_turn: str | None = None) -> AsyncIterator[EventRecord | None]:
+        """Replay from the store after `after`, then follow live; ends after `until_turn` ends.
+
+        Yields `None` as a heartbeat when nothing happened for a while.
+        """
+        last = after
+        while True:
+            with self.hub.subscribe(conversation_id) as live:
+                async for event in self._replay(conversation_id, last):
+                    last = event.seq
+                    yield event
+                    if until_turn and _ends(event, until_turn):
+                        return
+                async for event in self._follow(live, last):
+                    if event is None:
+                        yield None
+                        continue
+                    last = event.seq
+                    yield event
+                    if until_turn and _ends(event, until_turn):
+                        return
+                if live.closed_by_hub:
+                    return
+
+    async def _follow(self, live, last: int) -> AsyncIterator[EventRecord | None]:
+        """Live events after `last`, in order; stops at a gap or when the hub drops us."""
+        while True:
+            try:
+                event = await live.next(HEARTBEAT_S)
+            except anyio.EndOfStream:
+                return
+            if event is None:
+                yield None
+            elif event.seq > last + 1:
+                return  # a gap: the caller replays it from the store
+            elif event.seq == last + 1:
+                last = event.seq
+                yield event
+
+    async def _replay(self, conversation_id: str, after: int) -> AsyncIterator[EventRecord]:
+        while True:
+            page = await self.store.list_events(conversation_id, after=after, limit=500)
+            for event in page:
+                after = event.seq
+                yield event
+            if len(page) < 500:
+                return
+
+
+def _ends(event: EventRecord, turn_id: str) -> bool:
+    return event.name in TERMINAL_EVENTS and event.data.get("turn_id") == turn_id

@@ -1,0 +1,72 @@
+"""The model port: what the agent loop needs from any model provider.
+
+A provider takes the transcript so far, the instructions and the tools, and
+streams back one assistant step as chunks: text deltas, complete tool calls
+(arguments already assembled from however many pieces the wire split them
+into), usage, and a final `Finish`. It is not responsible for retries,
+fallbacks or time-outs of the whole step (see `resilience`), nor for running
+tools.
+
+Errors: a provider raises `ModelError` with `retryable` set for 429 and 5xx
+(and `retry_after` when the server said), never with the provider's raw body
+or a key in the message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..definitions import ModelDefinition
+from ..errors import ModelError
+from ..messages import Message, ToolCall, ToolSpec, Usage
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRequest:
+    instructions: str
+    messages: tuple[Message, ...]
+    tools: tuple[ToolSpec, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallChunk:
+    call: ToolCall
+
+
+@dataclass(frozen=True, slots=True)
+class UsageChunk:
+    usage: Usage
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    stop_reason: str  # "end_turn" | "tool_use" | "max_tokens" | provider-specific
+
+
+ModelChunk = TextDelta | ToolCallChunk | UsageChunk | Finish
+
+
+class ModelPort(Protocol):
+    """One model, ready to stream a step."""
+
+    definition: ModelDefinition
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]: ...
+
+
+class ProviderError(ModelError):
+    """A failed model call; `retryable` for 429/5xx/time-outs/connection errors."""
+
+    def __init__(self, message: str, *, retryable: bool = False, retry_after: float | None = None,
+                 status: int | None = None):
+        super().__init__(message, details={"status": status} if status else None)
+        self.retryable = retryable
+        self.retry_after = retry_after
+        self.status = status

@@ -1,0 +1,163 @@
+"""What the HTTP providers share: one streamed POST read as Server-Sent Events.
+
+`post_events` sends the request and yields the events of the response; every
+way that can fail becomes a `ProviderError`: 429 and 5xx are retryable (with
+`retry_after` from the `Retry-After` header), other 4xx are not, and time-outs
+and broken connections are. Messages name the model, the provider and the
+status; they never quote a response body (only an error `type`/`code` when it
+is a plain identifier) and never hold a key.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import httpx
+
+from ..canonical import freeze
+from ..definitions import ModelDefinition
+from ..templates import MissingSecret, resolve_secrets
+from .base import ProviderError
+
+_IDENTIFIER = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    name: str
+    data: str
+
+
+def describe(definition: ModelDefinition, provider: str, url: str) -> str:
+    """How error messages name a model: `model 'fast' (openai, api.openai.com)`."""
+    return f"model {definition.name!r} ({provider}, {httpx.URL(url).host})"
+
+
+def api_key(definition: ModelDefinition, environ: Mapping[str, str], label: str) -> str | None:
+    """The key, resolved now; a missing variable is named, never a value."""
+    if not definition.api_key:
+        return None
+    try:
+        return resolve_secrets(definition.api_key, environ)
+    except MissingSecret as missing:
+        raise ProviderError(f"{label}: environment variable {missing.args[0]} is not set") from None
+
+
+def parse_arguments(text: str) -> Any:
+    """Tool-call arguments from the pieces the wire sent: a JSON object, else the raw text."""
+    if not text.strip():
+        return freeze({})
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return freeze(value) if isinstance(value, dict) else text
+
+
+def identifier(value: Any) -> str:
+    """`value` when it is a plain identifier (an error type or code), else ""; never free text."""
+    return value if isinstance(value, str) and _IDENTIFIER.fullmatch(value) else ""
+
+
+def parse_json(data: str, label: str) -> dict[str, Any]:
+    try:
+        value = json.loads(data)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise malformed(label)
+    return value
+
+
+def malformed(label: str) -> ProviderError:
+    return ProviderError(f"{label}: malformed chunk in the response stream", retryable=True)
+
+
+async def post_events(
+    client: httpx.AsyncClient,
+    url: str,
+    *,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    timeout_s: float,
+    label: str,
+) -> AsyncIterator[Event]:
+    """POST `body` as JSON and yield the SSE events of the answer."""
+    # A read time-out applies to every read, so a stream that stalls mid-way fails too.
+    timeout = httpx.Timeout(timeout_s)
+    try:
+        async with client.stream("POST", url, json=body, headers=headers, timeout=timeout) as response:
+            if response.status_code >= 400:
+                raise await _status_error(response, label)
+            async for event in _events(response.aiter_lines()):
+                yield event
+    except httpx.TimeoutException as exc:
+        raise ProviderError(f"{label}: timed out after {timeout_s:g}s", retryable=True) from exc
+    except httpx.HTTPError as exc:
+        raise ProviderError(f"{label}: connection failed ({type(exc).__name__})", retryable=True) from exc
+
+
+async def _events(lines: AsyncIterator[str]) -> AsyncIterator[Event]:
+    name, data = "", []
+    async for line in lines:
+        if not line:
+            if data:
+                yield Event(name or "message", "\n".join(data))
+            name, data = "", []
+            continue
+        field, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if field == "event":
+            name = value
+        elif field == "data":
+            data.append(value)
+    if data:  # a last event without its blank line: keep it rather than lose the end
+        yield Event(name or "message", "\n".join(data))
+
+
+async def _status_error(response: httpx.Response, label: str) -> ProviderError:
+    status = response.status_code
+    await response.aread()
+    retryable = status in (408, 429) or status >= 500
+    kind = _error_kind(response.content)
+    return ProviderError(
+        f"{label}: HTTP {status}" + (f" {kind}" if kind else ""),
+        retryable=retryable,
+        retry_after=retry_after(response.headers) if retryable else None,
+        status=status,
+    )
+
+
+def _error_kind(content: bytes) -> str:
+    """The body's `error.code` or `error.type`, when it is a plain identifier; else nothing."""
+    try:
+        error = json.loads(content).get("error")
+    except (ValueError, AttributeError):
+        return ""
+    if not isinstance(error, dict):
+        return ""
+    return identifier(error.get("code")) or identifier(error.get("type"))
+
+
+def retry_after(headers: Mapping[str, str]) -> float | None:
+    """`Retry-After` in seconds, from either of its two forms (seconds or an HTTP date)."""
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - datetime.now(UTC)).total_seconds()
+    return max(0.0, seconds) if seconds == seconds else None  # NaN is no answer

@@ -1,0 +1,89 @@
+"""The composition root: one running Corral, whatever surface serves it.
+
+`open_service(settings)` compiles the definitions, opens the store (and marks
+turns a crash interrupted), the outbound HTTP client and the task group
+turns run in; it yields a `Service` and closes all of it on exit. The HTTP
+app, `corral chat` and `corral mcp` are thin surfaces over this object.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import anyio
+import httpx
+
+from .compiler import Compiler
+from .conversations import Conversations
+from .events import EventHub
+from .metrics import Metrics
+from .registry import Registry
+from .runtime import Runtime
+from .settings import Settings
+from .store.base import Store
+
+log = logging.getLogger("corral")
+
+
+@dataclass
+class Service:
+    settings: Settings
+    compiler: Compiler
+    registry: Registry
+    store: Store
+    runtime: Runtime
+    hub: EventHub
+    metrics: Metrics
+    conversations: Conversations
+    ready: bool = False
+
+
+def open_store(settings: Settings) -> Store:
+    if settings.database_url and not settings.database_url.startswith("sqlite"):
+        raise SystemExit("only sqlite:// database URLs are supported by this build")
+    from .store.sqlite import SQLiteStore
+
+    path = settings.database_path
+    if settings.database_url:
+        path = settings.database_url.split("://", 1)[1] or str(path)
+    return SQLiteStore(path)
+
+
+@asynccontextmanager
+async def open_service(settings: Settings) -> AsyncIterator[Service]:
+    compiler = Compiler(settings.definitions)
+    definitions = compiler.compile()  # DefinitionsInvalid propagates: refuse to start
+    store = open_store(settings)
+    await store.open()
+    try:
+        recovered = await store.recover_interrupted(time.time())
+        for turn in recovered:
+            log.warning("turn %s of conversation %s was interrupted by a restart",
+                        turn.id, turn.conversation_id)
+        hub, metrics = EventHub(), Metrics()
+        registry = Registry(definitions)
+        timeout = httpx.Timeout(60.0, connect=10.0)
+        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+        async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+            runtime = Runtime(client)
+            conversations = Conversations(store, registry, runtime, hub, metrics,
+                                          idempotency_ttl_s=settings.idempotency_ttl_s)
+            service = Service(settings, compiler, registry, store, runtime, hub, metrics, conversations)
+            async with anyio.create_task_group() as tg:
+                await tg.start(conversations.run)
+                service.ready = True
+                try:
+                    yield service
+                finally:
+                    service.ready = False
+                    with anyio.CancelScope(shield=True):
+                        await conversations.drain(settings.shutdown_grace_s)
+                    hub.close_all()
+                    tg.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await store.close()

@@ -1,0 +1,41 @@
+"""Server settings: `CORRAL_*` environment variables, overridden by CLI flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CORRAL_", extra="ignore")
+
+    definitions: Path = Path("definitions")
+    host: str = "127.0.0.1"
+    port: int = Field(default=8420, ge=0, le=65535)
+    state_dir: Path = Path(".corral")
+    database_url: str | None = None
+    locked: bool = False
+    api_keys: str = ""  # comma-separated; kept as text so the env var needs no JSON
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
+    log_format: Literal["text", "json"] = "text"
+    watch: bool = True
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    shutdown_grace_s: float = Field(default=30.0, ge=0)
+    idempotency_ttl_s: float = Field(default=24 * 3600, gt=0)
+    max_concurrent_turns: int = Field(default=1000, gt=0)
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower(cls, v: object) -> object:
+        return v.lower() if isinstance(v, str) else v
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(k.strip() for k in self.api_keys.split(",") if k.strip())
+
+    @property
+    def database_path(self) -> Path:
+        return self.state_dir / "corral.db"

@@ -1,0 +1,1 @@
+"""Persistence: one port (`base.Store`), a SQLite implementation (the default)."""

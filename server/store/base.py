@@ -1,0 +1,126 @@
+"""The store port: everything that must survive a restart.
+
+Conversations, their turns (each with the agent digest it ran on), the
+transcript, the event log with per-conversation sequence numbers (what SSE
+replays with `Last-Event-ID`), idempotency keys, and every definition spec
+ever served (content-addressed, so a pinned digest resolves after edits and
+restarts).
+
+A store is responsible for atomicity of each call and for ordering
+(sequence numbers strictly increasing within a conversation). It is not
+responsible for busy/idle state in memory, for fan-out to live subscribers,
+or for deciding what a turn does.
+
+Lists are keyset-paginated: `after` is the last id/seq the caller saw, and
+the caller asks for `limit + 1` rows to know whether there is a next page.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..messages import Message
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConversationRecord:
+    id: str
+    agent: str  # as requested: "name", "name@sha256:...", or "name@alias"
+    agent_name: str
+    digest: str  # the digest resolved at creation (pinned conversations keep it)
+    pinned: bool
+    title: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    status: str = "idle"  # idle | busy | waiting
+    created_at: float = 0.0
+    updated_at: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnRecord:
+    id: str
+    conversation_id: str
+    agent: str
+    digest: str
+    status: str  # running | waiting | completed | failed | cancelled
+    input: str = ""
+    output: str | None = None
+    stop_reason: str | None = None
+    usage: dict[str, int] = field(default_factory=dict)
+    error: dict[str, Any] | None = None  # {"code", "message"}
+    idempotency_key: str | None = None
+    started_at: float = 0.0
+    ended_at: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class MessageRecord:
+    seq: int
+    conversation_id: str
+    turn_id: str
+    message: Message
+    created_at: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class EventRecord:
+    seq: int
+    conversation_id: str
+    name: str
+    data: dict[str, Any]
+    created_at: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoredDefinition:
+    kind: str
+    name: str
+    digest: str
+    spec: dict[str, Any]
+    first_seen: float
+
+
+class DuplicateIdempotencyKey(Exception):
+    """`create_turn`: the conversation already has a turn with this idempotency key."""
+
+
+class Store(Protocol):
+    async def open(self) -> None: ...
+    async def close(self) -> None: ...
+
+    # conversations
+    async def create_conversation(self, conversation: ConversationRecord) -> None: ...
+    async def get_conversation(self, conversation_id: str) -> ConversationRecord | None: ...
+    async def list_conversations(
+        self, *, agent: str | None = None, digest: str | None = None, status: str | None = None,
+        limit: int = 50, after: str | None = None,
+    ) -> list[ConversationRecord]: ...  # newest first; `after` is a conversation id
+    async def delete_conversation(self, conversation_id: str) -> bool: ...  # with its turns, messages, events
+    async def set_conversation_status(self, conversation_id: str, status: str, now: float) -> None: ...
+
+    # turns
+    async def create_turn(self, turn: TurnRecord) -> None: ...  # raises DuplicateIdempotencyKey
+    async def update_turn(self, turn_id: str, **changes: Any) -> None: ...  # status, output, ...
+    async def get_turn(self, turn_id: str) -> TurnRecord | None: ...
+    async def list_turns(self, conversation_id: str, *, limit: int = 50,
+                         after: str | None = None) -> list[TurnRecord]: ...  # oldest first
+    async def find_turn_by_key(self, conversation_id: str, key: str, since: float) -> TurnRecord | None: ...
+    async def recover_interrupted(self, now: float) -> list[TurnRecord]: ...
+    # ^ turns left running/waiting by a crash become failed/interrupted; their conversations idle
+
+    # transcript and events
+    async def append_messages(self, conversation_id: str, turn_id: str, messages: list[Message],
+                              now: float) -> None: ...
+    async def list_messages(self, conversation_id: str, *, limit: int = 1000,
+                            after: int = 0) -> list[MessageRecord]: ...  # oldest first
+    async def append_event(self, conversation_id: str, name: str, data: dict[str, Any],
+                           now: float) -> int: ...  # returns the event's seq (1, 2, ...)
+    async def list_events(self, conversation_id: str, *, after: int = 0,
+                          limit: int = 1000) -> list[EventRecord]: ...
+
+    # definitions ever served (content-addressed)
+    # save_definitions ignores digests already stored
+    async def save_definitions(self, definitions: list[StoredDefinition]) -> None: ...
+    async def get_definition(self, digest: str) -> StoredDefinition | None: ...
+    async def find_definitions(self, kind: str, name: str) -> list[StoredDefinition]: ...

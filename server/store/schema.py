@@ -1,0 +1,95 @@
+"""The SQLite schema, as an append-only list of migrations.
+
+`MIGRATIONS[n]` takes a database from version n to n + 1; `schema_version`
+records the versions applied. A later change adds an entry (new tables,
+columns with defaults, indexes) and never edits an old one, so a database
+created by any earlier release upgrades in place on open.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    # 1: conversations, turns, transcript, events, definitions ever served
+    (
+        """CREATE TABLE conversations (
+            id TEXT PRIMARY KEY,
+            agent TEXT NOT NULL,
+            agent_name TEXT NOT NULL,
+            digest TEXT NOT NULL,
+            pinned INTEGER NOT NULL,
+            title TEXT,
+            metadata TEXT NOT NULL,
+            status TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        )""",
+        "CREATE INDEX conversations_by_time ON conversations (created_at, id)",
+        """CREATE TABLE turns (
+            id TEXT PRIMARY KEY,
+            conversation_id TEXT NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+            agent TEXT NOT NULL,
+            digest TEXT NOT NULL,
+            status TEXT NOT NULL,
+            input TEXT NOT NULL,
+            output TEXT,
+            stop_reason TEXT,
+            usage TEXT NOT NULL,
+            error TEXT,
+            idempotency_key TEXT,
+            started_at REAL NOT NULL,
+            ended_at REAL,
+            UNIQUE (conversation_id, idempotency_key)
+        )""",
+        "CREATE INDEX turns_by_time ON turns (conversation_id, started_at, id)",
+        # only the few unfinished turns are indexed: what recovery scans at start-up
+        "CREATE INDEX turns_unfinished ON turns (status) WHERE status IN ('running', 'waiting')",
+        """CREATE TABLE messages (
+            conversation_id TEXT NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+            seq INTEGER NOT NULL,
+            turn_id TEXT NOT NULL,
+            body TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            PRIMARY KEY (conversation_id, seq)
+        )""",
+        """CREATE TABLE events (
+            conversation_id TEXT NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+            seq INTEGER NOT NULL,
+            name TEXT NOT NULL,
+            data TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            PRIMARY KEY (conversation_id, seq)
+        )""",
+        """CREATE TABLE definitions (
+            digest TEXT PRIMARY KEY,
+            kind TEXT NOT NULL,
+            name TEXT NOT NULL,
+            spec TEXT NOT NULL,
+            first_seen REAL NOT NULL
+        )""",
+        "CREATE INDEX definitions_by_name ON definitions (kind, name)",
+    ),
+)
+
+
+def migrate(db: sqlite3.Connection) -> int:
+    """Apply the migrations this database lacks, in one transaction; return its version."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY)")
+        (current,) = db.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()
+        if current > len(MIGRATIONS):
+            raise RuntimeError(
+                f"the database has schema version {current}, newer than this server's {len(MIGRATIONS)}"
+            )
+        for version in range(current + 1, len(MIGRATIONS) + 1):
+            for statement in MIGRATIONS[version - 1]:
+                db.execute(statement)
+            db.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+    return len(MIGRATIONS)

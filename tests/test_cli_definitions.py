@@ -1,0 +1,257 @@
+"""The real `corral` command line on definition sets: validate, digest, lock, schema, secrets."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from server import cli
+from server.compiler import Compiler
+from server.yamltext import parse_yaml
+
+REPO = Path(__file__).resolve().parent.parent
+DEFINITIONS = REPO / "definitions"
+SECRETS = {"OPENAI_API_KEY": "sk-openai-Zq8vXw3Kp1", "MY_SECRET": "my-secret-Yb7uTr5Hn2"}
+REF = re.compile(r"^(agent|model|tool|mcpserver|hook|skill)/[a-z0-9][a-z0-9_-]{0,62}$")
+
+
+def corral(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return corral_many([args])[0]
+
+
+def corral_many(commands: list[tuple[str | Path, ...]]) -> list[subprocess.CompletedProcess[str]]:
+    """Run several `corral` commands at once (each is a fresh interpreter: that is the slow part)."""
+    env = {**os.environ, **SECRETS}
+    env.pop("CORRAL_DEFINITIONS", None)
+    procs = [
+        (args, subprocess.Popen([sys.executable, "-m", "server.cli", *map(str, args)], cwd=REPO, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        for args in commands
+    ]
+    done = []
+    for args, proc in procs:
+        out, err = proc.communicate(timeout=60)
+        done.append(subprocess.CompletedProcess(args, proc.returncode, out, err))
+    return done
+
+
+@pytest.fixture
+def defs(tmp_path: Path) -> Path:
+    return Path(shutil.copytree(DEFINITIONS, tmp_path / "definitions"))
+
+
+def test_validate_digest_and_json(defs: Path) -> None:
+    compiled = Compiler(defs).compile()
+    validate, text, as_json = corral_many([("validate", defs), ("digest", defs), ("digest", defs, "--json")])
+
+    assert validate.returncode == 0, validate.stderr
+    assert compiled.digest in validate.stdout
+
+    assert text.returncode == 0, text.stderr
+    first, *rest = text.stdout.splitlines()
+    assert first.split() == ["set", compiled.digest]
+    assert dict(line.split() for line in rest) == compiled.digests()
+
+    assert as_json.returncode == 0, as_json.stderr
+    listing = json.loads(as_json.stdout)
+    assert listing == compiled.listing()
+    assert set(listing) == {"digest", "definitions"} and listing["digest"] == compiled.digest
+    for item in listing["definitions"]:
+        assert set(item) == {"kind", "name", "digest", "source"}
+        assert set(item["source"]) == {"file", "line"}
+        assert (defs / item["source"]["file"]).is_file() and item["source"]["line"] >= 1
+    kinds = {(d["kind"], d["name"]) for d in listing["definitions"]}
+    assert {("Agent", "assistant"), ("Skill", "haiku"), ("Tool", "word_count")} <= kinds
+
+
+def _sorted_everywhere(pairs: list[tuple[str, object]]) -> dict:
+    keys = [k for k, _ in pairs]
+    assert keys == sorted(keys)
+    return dict(pairs)
+
+
+def test_lock_writes_a_byte_stable_file(defs: Path) -> None:
+    first = corral("lock", defs)
+    assert first.returncode == 0, first.stderr
+    text = (defs / "corral.lock").read_text("utf-8")
+    assert corral("lock", defs).returncode == 0
+    assert (defs / "corral.lock").read_text("utf-8") == text
+
+    assert text.endswith("}\n")
+    data = json.loads(text, object_pairs_hook=_sorted_everywhere)
+    compiled = Compiler(defs).compile()
+    assert data["version"] == 1
+    assert data["digest"] == compiled.digest
+    assert data["definitions"] == compiled.digests()
+    assert "agent/assistant" in data["definitions"]
+    assert all(REF.match(ref) for ref in data["definitions"])
+    assert set(data) <= {"version", "digest", "definitions", "mcp_catalogs"}
+    assert compiled.digest == Compiler(defs).compile().digest  # the lock file is not a definition
+
+
+def test_lock_check(defs: Path) -> None:
+    missing = corral("lock", defs, "--check")
+    assert missing.returncode == 1
+    assert "corral.lock" in missing.stderr and "no " in missing.stderr.lower()
+    assert not (defs / "corral.lock").exists()
+
+    assert corral("lock", defs).returncode == 0
+    before = Compiler(defs).compile().digests()
+    ok = corral("lock", defs, "--check")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+
+    script = defs / "scripts" / "word_count.py"
+    script.write_text(script.read_text() + "# changed\n")
+    drift = corral("lock", defs, "--check")
+    assert drift.returncode == 1
+    after = Compiler(defs).compile().digests()
+    changed = {ref for ref in before if before[ref] != after[ref]}
+    assert changed == {"tool/word_count", "agent/assistant"}
+    report = drift.stdout + drift.stderr
+    for ref in changed:
+        assert ref in report and before[ref] in report and after[ref] in report
+    for ref in set(before) - changed:
+        assert ref not in report
+    assert (defs / "corral.lock").read_text().count("sha256:") == len(before) + 1  # --check writes nothing
+
+
+def test_help_for_every_verb(capsys: pytest.CaptureFixture[str]) -> None:
+    top = corral("--help")
+    assert top.returncode == 0 and "usage:" in top.stdout
+    verbs = cli.build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert {"validate", "digest", "lock", "schema"} <= set(verbs)
+    for verb in verbs:
+        assert verb in top.stdout
+        with pytest.raises(SystemExit) as exit_:
+            cli.main([verb, "--help"])
+        assert exit_.value.code == 0
+        assert f"usage: corral {verb}" in capsys.readouterr().out
+
+
+# --- schema --------------------------------------------------------------------
+
+
+def _documents(root: Path) -> list[dict]:
+    docs = []
+    for path in sorted(root.rglob("*.y*ml")):
+        docs += [d.data for d in parse_yaml(path.read_text("utf-8"))]
+    for path in sorted(root.rglob("SKILL.md")):
+        front = path.read_text("utf-8").split("---\n")[1]
+        docs += [{"kind": "Skill", **d.data} for d in parse_yaml(front)]
+    return docs
+
+
+def test_schema_accepts_every_shipped_document_and_rejects_unknown_fields() -> None:
+    result = corral("schema")
+    assert result.returncode == 0, result.stderr
+    schema = json.loads(result.stdout)
+    Draft202012Validator.check_schema(schema)
+    validator = Draft202012Validator(schema)
+    docs = _documents(DEFINITIONS)
+    assert {d["kind"] for d in docs} >= {"Agent", "Model", "Tool", "Skill"}
+    for doc in docs:
+        errors = [e.message for e in validator.iter_errors(doc)]
+        assert not errors, (doc["name"], errors)
+    examples = [
+        {"kind": "Hook", "name": "h", "event": "PreToolUse", "matcher": "*", "command": "hooks/x.sh"},
+        {"kind": "MCPServer", "name": "s", "url": "https://example.com/mcp"},
+    ]
+    for doc in examples:
+        assert validator.is_valid(doc), doc
+    agent = next(d for d in docs if d["kind"] == "Agent")
+    assert not validator.is_valid({**agent, "tolls": ["word_count"]})
+    assert not validator.is_valid({**agent, "kind": "Agnet"})
+    assert not validator.is_valid({**examples[0], "event": "before_tool"})
+
+
+# --- secrets ---------------------------------------------------------------------
+
+SECRET_SET = {
+    "models.yaml": """\
+kind: Model
+name: gpt
+provider: openai
+model: gpt-4o-mini
+fallbacks: [custom]
+---
+kind: Model
+name: custom
+provider: openai
+model: local
+base_url: http://127.0.0.1:9/v1
+api_key: ${MY_SECRET}
+""",
+    "tools.yaml": """\
+kind: Tool
+name: fetch
+input_schema: {type: object, properties: {id: {type: string}}}
+http:
+  url: https://api.example.com/items/{id}
+  headers: {Authorization: "Bearer ${MY_SECRET}", X-Key: "${OPENAI_API_KEY}"}
+---
+kind: MCPServer
+name: files
+command: npx
+args: [-y, server-filesystem]
+env: {TOKEN: "${MY_SECRET}", OPENAI_API_KEY: "${OPENAI_API_KEY}"}
+""",
+    "agent.yaml": """\
+kind: Agent
+name: helper
+model: gpt
+tools: [fetch, files]
+""",
+}
+BROKEN = {
+    "broken.yaml": """\
+kind: Model
+name: leaky
+provider: openai
+model: x
+api_key: Bearer ${MY_SECRET}
+---
+kind: Tool
+name: bad
+http: {url: "https://x.example/{nope}", headers: {A: "${MY_SECRET}"}, extra: 1}
+---
+kind: Agent
+name: lost
+model: nobody
+tools: [fetch, fetch]
+""",
+}
+
+
+def _write(root: Path, files: dict[str, str]) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (root / name).write_text(text, "utf-8")
+    return root
+
+
+def test_secret_values_never_appear(tmp_path: Path) -> None:
+    good = _write(tmp_path / "good", SECRET_SET)
+    broken = _write(tmp_path / "broken", {**SECRET_SET, **BROKEN})
+    runs = corral_many([
+        ("validate", good), ("digest", good), ("digest", good, "--json"), ("lock", good),
+        ("validate", broken), ("digest", broken, "--json"), ("lock", broken),
+    ])
+    for run in runs[:4]:
+        assert run.returncode == 0, run.stderr
+    for run in runs[4:]:
+        assert run.returncode == 1
+        assert "api_key" in run.stderr and "nobody" in run.stderr and "extra" in run.stderr
+        assert not (broken / "corral.lock").exists()
+    assert "${MY_SECRET}" in Compiler(good).compile().get("Model", "custom").spec["api_key"]  # type: ignore
+    outputs = [run.stdout + run.stderr for run in runs] + [(good / "corral.lock").read_text()]
+    for text in outputs:
+        for value in SECRETS.values():
+            assert value not in text
