@@ -23,7 +23,7 @@ from .canonical import digest_of
 from .definitions import DEFINITION_TYPES, Definition, DefinitionSet, Source
 from .documents import DOCUMENT_MODELS, KINDS, Document, FieldProblem
 from .errors import DefinitionError, DefinitionsInvalid
-from .linking import Key, Linker
+from .linking import Key, Linked, Linker
 from .normalize import Normalized, NormalizeError, Normalizer
 from .sources import FileStamps, SourceCache, SourceDocument, definition_files
 
@@ -53,6 +53,8 @@ class Compiler:
         self._validated: dict[int, tuple[SourceDocument, Document | None, list[DefinitionError]]] = {}
         self._normalized: dict[int, tuple[SourceDocument, Normalized, str]] = {}
         self._closure_memo: dict[Any, str] = {}
+        # key -> (normalized, digest, source, definition) of the last compile: reused when all match
+        self._built: dict[Key, tuple[Normalized, str, Source, Definition]] = {}
 
     def compile(self) -> DefinitionSet:
         """The compiled set; raises `DefinitionsInvalid` carrying every error."""
@@ -155,15 +157,26 @@ class Compiler:
         if len(self._closure_memo) > 50_000:
             self._closure_memo.clear()
         definitions = []
+        built: dict[Key, tuple[Normalized, str, Source, Definition]] = {}
         for key, linked in linker.digests().items():
             entry = entries[key]
             source = Source(file=entry.source.file, line=entry.source.parsed.start.line)
-            cls = DEFINITION_TYPES[key[0]]
-            definition = cls.from_spec(linked.spec, linked.digest, source)
-            if entry.normalized.folder is not None:
-                object.__setattr__(definition, "folder", entry.normalized.folder)
+            before = self._built.get(key)
+            if before and before[0] is entry.normalized and before[1:3] == (linked.digest, source):
+                definition = before[3]  # same spec object, same closure: from_spec would build its twin
+            else:
+                definition = self._definition(key, linked, source, entry.normalized)
+            built[key] = (entry.normalized, linked.digest, source, definition)
             definitions.append(definition)
+        self._built = built
         return definitions
+
+    @staticmethod
+    def _definition(key: Key, linked: Linked, source: Source, normalized: Normalized) -> Definition:
+        definition = DEFINITION_TYPES[key[0]].from_spec(linked.spec, linked.digest, source)
+        if normalized.folder is not None:
+            object.__setattr__(definition, "folder", normalized.folder)
+        return definition
 
 
 def compile_directory(root: str | Path) -> DefinitionSet:

@@ -123,7 +123,7 @@ class Conversations:
     # --- conversations -------------------------------------------------------
 
     async def create(self, agent: str, title: str | None, metadata: dict[str, Any]) -> ConversationRecord:
-        closure = self.registry.resolve(agent)
+        closure = await self.registry.resolve(agent)
         now = time.time()
         record = ConversationRecord(
             id=new_id("conv"), agent=agent, agent_name=closure.agent.name, digest=closure.agent.digest,
@@ -179,14 +179,15 @@ class Conversations:
 
     async def _start(self, live: _Live, conversation: ConversationRecord, text: str,
                      if_busy: str | None, key: str | None) -> Running:
-        closure = self.registry.resolve(conversation.agent)
+        closure = await self.registry.resolve(conversation.agent)
         policy = if_busy or closure.agent.on_busy
         if policy not in BUSY_POLICIES:
             raise RequestError(f"if_busy must be one of {', '.join(BUSY_POLICIES)}")
         await self._take_slot(live, policy)
         try:
             conversation = await self.get(conversation.id)
-            closure = self.registry.resolve(conversation.agent)  # what is current now that it is our turn
+            # what is current now that it is our turn
+            closure = await self.registry.resolve(conversation.agent)
             running = Running(turn=self.runner.new_turn(conversation, closure, text, key))
             live.running = running
             assert self._tg is not None

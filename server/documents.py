@@ -12,11 +12,11 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from . import templates
+from .metaschema import check_schema
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
@@ -202,7 +202,7 @@ class ToolDocument(Document):
     @classmethod
     def _schema(cls, v: dict[str, Any]) -> dict[str, Any]:
         try:
-            Draft202012Validator.check_schema(v)
+            check_schema(v)
         except SchemaError as exc:
             where = "/".join(str(p) for p in exc.path) or "(root)"
             raise ValueError(f"not a valid JSON Schema at {where}: {exc.message}") from None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,17 +103,19 @@ async def run_turn(plan: TurnPlan) -> AsyncIterator[LoopEvent]:
         calls: list[ToolCall] = []
         stop_reason = "end_turn"
         request = ModelRequest(plan.instructions, tuple(messages), specs)
-        async for chunk in plan.model.stream(request):
-            if isinstance(chunk, TextDelta):
-                if chunk.text:
-                    text.append(chunk.text)
-                    yield Emit("message.delta", {"text": chunk.text})
-            elif isinstance(chunk, ToolCallChunk):
-                calls.append(chunk.call)
-            elif isinstance(chunk, UsageChunk):
-                usage = usage + chunk.usage
-            elif isinstance(chunk, Finish):
-                stop_reason = chunk.stop_reason
+        # aclosing: a turn cancelled mid-stream closes the provider's HTTP response at once
+        async with aclosing(plan.model.stream(request)) as chunks:
+            async for chunk in chunks:
+                if isinstance(chunk, TextDelta):
+                    if chunk.text:
+                        text.append(chunk.text)
+                        yield Emit("message.delta", {"text": chunk.text})
+                elif isinstance(chunk, ToolCallChunk):
+                    calls.append(chunk.call)
+                elif isinstance(chunk, UsageChunk):
+                    usage = usage + chunk.usage
+                elif isinstance(chunk, Finish):
+                    stop_reason = chunk.stop_reason
         reply = AssistantMessage(content="".join(text), tool_calls=tuple(calls))
         messages.append(reply)
         yield Append(reply)

@@ -76,7 +76,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .compiler import Compiler
 
     settings = settings_from(args)
-    Compiler(settings.definitions).compile()  # print author errors plainly, before uvicorn starts
+    definitions = Compiler(settings.definitions).compile()  # author errors plainly, before uvicorn
+    if settings.locked:
+        from .swaps import check_locked
+
+        check_locked(definitions)
     if not _is_loopback(settings.host) and not settings.keys:
         if not args.insecure:
             print(f"error: refusing to bind {settings.host} without CORRAL_API_KEYS "

@@ -9,6 +9,8 @@ app, `corral chat` and `corral mcp` are thin surfaces over this object.
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,6 +27,8 @@ from .registry import Registry
 from .runtime import Runtime
 from .settings import Settings
 from .store.base import Store
+from .swaps import Swapper, check_locked
+from .watcher import watch
 
 log = logging.getLogger("corral")
 
@@ -39,6 +43,7 @@ class Service:
     hub: EventHub
     metrics: Metrics
     conversations: Conversations
+    swapper: Swapper
     ready: bool = False
 
 
@@ -57,6 +62,8 @@ def open_store(settings: Settings) -> Store:
 async def open_service(settings: Settings) -> AsyncIterator[Service]:
     compiler = Compiler(settings.definitions)
     definitions = compiler.compile()  # DefinitionsInvalid propagates: refuse to start
+    if settings.locked:
+        check_locked(definitions)
     store = open_store(settings)
     await store.open()
     try:
@@ -65,16 +72,23 @@ async def open_service(settings: Settings) -> AsyncIterator[Service]:
             log.warning("turn %s of conversation %s was interrupted by a restart",
                         turn.id, turn.conversation_id)
         hub, metrics = EventHub(), Metrics()
-        registry = Registry(definitions)
+        registry = Registry(definitions, store)
+        await registry.persist(definitions)
         timeout = httpx.Timeout(60.0, connect=10.0)
         limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
         async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
             runtime = Runtime(client)
             conversations = Conversations(store, registry, runtime, hub, metrics,
                                           idempotency_ttl_s=settings.idempotency_ttl_s)
-            service = Service(settings, compiler, registry, store, runtime, hub, metrics, conversations)
+            swapper = Swapper(compiler, registry, conversations, store, hub, metrics, locked=settings.locked)
+            service = Service(settings, compiler, registry, store, runtime, hub, metrics, conversations,
+                              swapper)
             async with anyio.create_task_group() as tg:
                 await tg.start(conversations.run)
+                if settings.watch:
+                    tg.start_soon(watch, compiler.root, swapper.reload)
+                if threading.current_thread() is threading.main_thread():
+                    tg.start_soon(_reload_on_sighup, swapper)
                 service.ready = True
                 try:
                     yield service
@@ -87,3 +101,9 @@ async def open_service(settings: Settings) -> AsyncIterator[Service]:
     finally:
         with anyio.CancelScope(shield=True):
             await store.close()
+
+
+async def _reload_on_sighup(swapper: Swapper) -> None:
+    with anyio.open_signal_receiver(signal.SIGHUP) as signals:
+        async for _ in signals:
+            await swapper.reload("sighup")

@@ -78,12 +78,18 @@ def _sorted_everywhere(pairs: list[tuple[str, object]]) -> dict:
     return dict(pairs)
 
 
-def test_lock_writes_a_byte_stable_file(defs: Path) -> None:
+def test_lock_and_check(defs: Path) -> None:
+    missing = corral("lock", defs, "--check")
+    assert missing.returncode == 1
+    assert "corral.lock" in missing.stderr and "no " in missing.stderr.lower()
+    assert not (defs / "corral.lock").exists()
+
     first = corral("lock", defs)
     assert first.returncode == 0, first.stderr
     text = (defs / "corral.lock").read_text("utf-8")
-    assert corral("lock", defs).returncode == 0
-    assert (defs / "corral.lock").read_text("utf-8") == text
+    again, ok = corral_many([("lock", defs), ("lock", defs, "--check")])
+    assert again.returncode == 0 and (defs / "corral.lock").read_text("utf-8") == text
+    assert ok.returncode == 0, ok.stdout + ok.stderr
 
     assert text.endswith("}\n")
     data = json.loads(text, object_pairs_hook=_sorted_everywhere)
@@ -94,25 +100,12 @@ def test_lock_writes_a_byte_stable_file(defs: Path) -> None:
     assert "agent/assistant" in data["definitions"]
     assert all(REF.match(ref) for ref in data["definitions"])
     assert set(data) <= {"version", "digest", "definitions", "mcp_catalogs"}
-    assert compiled.digest == Compiler(defs).compile().digest  # the lock file is not a definition
-
-
-def test_lock_check(defs: Path) -> None:
-    missing = corral("lock", defs, "--check")
-    assert missing.returncode == 1
-    assert "corral.lock" in missing.stderr and "no " in missing.stderr.lower()
-    assert not (defs / "corral.lock").exists()
-
-    assert corral("lock", defs).returncode == 0
-    before = Compiler(defs).compile().digests()
-    ok = corral("lock", defs, "--check")
-    assert ok.returncode == 0, ok.stdout + ok.stderr
 
     script = defs / "scripts" / "word_count.py"
     script.write_text(script.read_text() + "# changed\n")
     drift = corral("lock", defs, "--check")
     assert drift.returncode == 1
-    after = Compiler(defs).compile().digests()
+    before, after = data["definitions"], Compiler(defs).compile().digests()
     changed = {ref for ref in before if before[ref] != after[ref]}
     assert changed == {"tool/word_count", "agent/assistant"}
     report = drift.stdout + drift.stderr
@@ -120,7 +113,7 @@ def test_lock_check(defs: Path) -> None:
         assert ref in report and before[ref] in report and after[ref] in report
     for ref in set(before) - changed:
         assert ref not in report
-    assert (defs / "corral.lock").read_text().count("sha256:") == len(before) + 1  # --check writes nothing
+    assert (defs / "corral.lock").read_text("utf-8") == text  # --check writes nothing
 
 
 def test_help_for_every_verb(capsys: pytest.CaptureFixture[str]) -> None:
@@ -221,11 +214,15 @@ api_key: Bearer ${MY_SECRET}
 kind: Tool
 name: bad
 http: {url: "https://x.example/{nope}", headers: {A: "${MY_SECRET}"}, extra: 1}
----
+""",
+}
+DANGLING = {  # valid documents, broken references: found by the second stage
+    "lost.yaml": """\
 kind: Agent
 name: lost
 model: nobody
-tools: [fetch, fetch]
+tools: [fetch, fetch, files/write]
+agents: [helper]
 """,
 }
 
@@ -240,16 +237,16 @@ def _write(root: Path, files: dict[str, str]) -> Path:
 def test_secret_values_never_appear(tmp_path: Path) -> None:
     good = _write(tmp_path / "good", SECRET_SET)
     broken = _write(tmp_path / "broken", {**SECRET_SET, **BROKEN})
+    dangling = _write(tmp_path / "dangling", {**SECRET_SET, **DANGLING})
     runs = corral_many([
         ("validate", good), ("digest", good), ("digest", good, "--json"), ("lock", good),
-        ("validate", broken), ("digest", broken, "--json"), ("lock", broken),
+        ("validate", broken), ("validate", dangling),
     ])
     for run in runs[:4]:
         assert run.returncode == 0, run.stderr
-    for run in runs[4:]:
-        assert run.returncode == 1
-        assert "api_key" in run.stderr and "nobody" in run.stderr and "extra" in run.stderr
-        assert not (broken / "corral.lock").exists()
+    assert runs[4].returncode == runs[5].returncode == 1
+    assert "Model/leaky: api_key:" in runs[4].stderr and "http.extra:" in runs[4].stderr
+    assert "no Model named 'nobody'" in runs[5].stderr and "listed twice" in runs[5].stderr
     assert "${MY_SECRET}" in Compiler(good).compile().get("Model", "custom").spec["api_key"]  # type: ignore
     outputs = [run.stdout + run.stderr for run in runs] + [(good / "corral.lock").read_text()]
     for text in outputs:

@@ -159,7 +159,9 @@ async def test_tool_calls_assembled_from_split_arguments(wire: Wire, client: htt
     chunks = await collect(wire.provider(client))
     calls = [c.call for c in chunks if isinstance(c, ToolCallChunk)]
     assert calls == [
-        ToolCall(id="call_7", name="get_weather", arguments=freeze({"city": "Paris", "days": [1, 2], "unit": "°C"})),
+        ToolCall(
+            id="call_7", name="get_weather", arguments=freeze({"city": "Paris", "days": [1, 2], "unit": "°C"})
+        ),
         ToolCall(id="call_8", name="get_time", arguments=freeze({"zone": "Europe/Paris"})),
     ]
     assert text_of(chunks) == "Let me check."
@@ -323,7 +325,9 @@ async def test_fallback_moves_to_the_next_provider(
     assert (len(openai.fake.requests), len(anthropic.fake.requests)) == (1, 1)
 
 
-async def test_fallback_last_error_propagates(openai: Wire, anthropic: Wire, client: httpx.AsyncClient) -> None:
+async def test_fallback_last_error_propagates(
+    openai: Wire, anthropic: Wire, client: httpx.AsyncClient
+) -> None:
     openai.fake.script(Status(500))
     anthropic.fake.script(Status(400, error_type="invalid_request_error"))
     error, _ = await failure(FallbackModel([openai.provider(client), anthropic.provider(client)]))
@@ -380,7 +384,11 @@ async def test_openai_request_body(openai: Wire, client: httpx.AsyncClient) -> N
     (sent,) = openai.fake.requests
     assert sent.path == "/v1/chat/completions"
     body = sent.body
-    assert (body["model"], body["stream"], body["stream_options"]) == ("openai-model", True, {"include_usage": True})
+    assert (body["model"], body["stream"], body["stream_options"]) == (
+        "openai-model",
+        True,
+        {"include_usage": True},
+    )
     assert (body["max_tokens"], body["temperature"]) == (256, 0.2)
     assert body["messages"] == [
         {"role": "system", "content": "You are terse."},
@@ -389,15 +397,26 @@ async def test_openai_request_body(openai: Wire, client: httpx.AsyncClient) -> N
             "role": "assistant",
             "content": "Looking.",
             "tool_calls": [
-                {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}},
-                {"id": "call_2", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "y"}'}},
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "lookup", "arguments": '{"q": "x"}'},
+                },
+                {
+                    "id": "call_2",
+                    "type": "function",
+                    "function": {"name": "lookup", "arguments": '{"q": "y"}'},
+                },
             ],
         },
         {"role": "tool", "tool_call_id": "call_1", "content": "x is 1"},
         {"role": "tool", "tool_call_id": "call_2", "content": "no y"},
     ]
     assert body["tools"] == [
-        {"type": "function", "function": {"name": "lookup", "description": "Look a thing up.", "parameters": SCHEMA}}
+        {
+            "type": "function",
+            "function": {"name": "lookup", "description": "Look a thing up.", "parameters": SCHEMA},
+        }
     ]
 
 

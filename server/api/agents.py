@@ -47,7 +47,7 @@ async def list_agents(request: Request) -> JSONResponse:
 
 
 async def get_agent(request: Request) -> JSONResponse:
-    closure = _service(request).registry.resolve(request.path_params["name"])
+    closure = await _service(request).registry.resolve(request.path_params["name"])
     return JSONResponse(agent_json(closure.agent))
 
 

@@ -15,7 +15,7 @@ from starlette.routing import Route
 from ..errors import CorralError
 from ..service import open_service
 from ..settings import Settings
-from . import agents, conversations, openai_compat
+from . import agents, conversations, deployments, openai_compat
 from .guards import ApiKeys, BodyLimit
 from .http import corral_error_handler, internal_error_handler
 
@@ -48,6 +48,7 @@ def create_app(settings: Settings) -> Starlette:
         Route("/healthz", healthz),
         Route("/readyz", readyz),
         Route("/metrics", metrics),
+        *deployments.routes,
         *agents.routes,
         *conversations.routes,
         *openai_compat.routes,

@@ -6,13 +6,13 @@ import base64
 import json
 import logging
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from ..clock import iso  # noqa: F401  (re-exported for the routes)
 from ..errors import CorralError, RequestError
 
 log = logging.getLogger("corral.http")
@@ -47,12 +47,6 @@ async def read_json(request: Request, model: type[Body]) -> Body:
     except ValidationError as exc:
         details = [{"field": ".".join(map(str, e["loc"])), "message": e["msg"]} for e in exc.errors()]
         raise RequestError("invalid request body", details=details) from None
-
-
-def iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def page_params(request: Request, default: int = 50) -> tuple[int, str | None]:

@@ -92,7 +92,9 @@ def _message(message: Message) -> dict[str, Any]:
     if isinstance(message, ToolResultMessage):
         return {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content}
     if isinstance(message, AssistantMessage):
-        out: dict[str, Any] = {"role": "assistant", "content": message.content or None}
+        # `content` may be null only beside tool calls.
+        content = message.content or (None if message.tool_calls else "")
+        out: dict[str, Any] = {"role": "assistant", "content": content}
         if message.tool_calls:
             out["tool_calls"] = [
                 {

@@ -70,6 +70,22 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX definitions_by_name ON definitions (kind, name)",
     ),
+    # 2: the history of definition swaps, and movable agent aliases
+    (
+        """CREATE TABLE swaps (
+            id TEXT PRIMARY KEY,
+            at REAL NOT NULL,
+            status TEXT NOT NULL,
+            report TEXT NOT NULL
+        )""",
+        """CREATE TABLE aliases (
+            agent TEXT NOT NULL,
+            alias TEXT NOT NULL,
+            digest TEXT NOT NULL,
+            updated_at REAL NOT NULL,
+            PRIMARY KEY (agent, alias)
+        )""",
+    ),
 )
 
 

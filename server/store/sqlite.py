@@ -39,6 +39,7 @@ from .base import (
     TurnRecord,
 )
 from .schema import migrate
+from .sqlite_deployments import DeploymentTables
 
 PRAGMAS = (
     "PRAGMA journal_mode = WAL",
@@ -79,7 +80,7 @@ def _definition(row: sqlite3.Row) -> StoredDefinition:
     return StoredDefinition(**fields)
 
 
-class SQLiteStore:
+class SQLiteStore(DeploymentTables):
     """`Store` on one SQLite file; the parent directory is created on open."""
 
     def __init__(self, path: str | Path) -> None:

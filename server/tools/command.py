@@ -144,6 +144,7 @@ class CommandTool:
         out = _Capture(self.output_limit)
         err = _Capture(self.output_limit, tail=STDERR_TAIL_BYTES)
         process = await _start(argv, cwd, env)
+        swept = False
         try:
             with anyio.move_on_after(timeout) as deadline:
                 async with anyio.create_task_group() as group:
@@ -153,9 +154,10 @@ class CommandTool:
                     # The leader is done: whatever it left behind in its group goes too,
                     # which also closes pipes a background child still holds.
                     _kill_group(process.pid)
+                    swept = True
         finally:
             with anyio.CancelScope(shield=True):
-                if process.returncode is None:  # timed out or cancelled: the leader is still there
+                if not swept:  # timed out or cancelled
                     _kill_group(process.pid)
                 await process.aclose()
         if deadline.cancelled_caught:

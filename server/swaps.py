@@ -1,0 +1,146 @@
+"""Hot swap: compile the directory again and swap the result in, atomically.
+
+Every trigger (the file watcher, `POST /v1/definitions/reload`, SIGHUP) calls
+`Swapper.reload`, one at a time. The new set is compiled in a worker thread
+(a cold compile of a large set must not stall running turns), checked
+against `corral.lock` in locked mode, and swapped in with one assignment.
+Each reload yields a report in the contract's shape: status
+`applied` / `rejected` / `unchanged`, the set digests, the changes, the
+conversations busy on a changed or removed agent, and the errors. The report
+is returned, logged as one line, kept in the store's history and published
+on the server-wide event stream.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import anyio
+
+from .clock import iso
+from .compiler import Compiler
+from .conversations import Conversations
+from .definitions import DefinitionSet
+from .errors import CorralError, DefinitionsInvalid
+from .events import EventHub
+from .ids import new_id
+from .lockfile import Lock, LockError, drift, read_lock
+from .metrics import Metrics
+from .registry import Registry
+from .store.base import Store
+
+log = logging.getLogger("corral.swaps")
+
+
+def lock_errors(definitions: DefinitionSet) -> list[dict[str, Any]]:
+    """Why `definitions` may not run in locked mode; empty when it matches corral.lock."""
+    try:
+        locked = read_lock(definitions.root)
+    except LockError as exc:
+        return [{"code": "lock_mismatch", "message": str(exc)}]
+    if locked is None:
+        return [{"code": "lock_mismatch", "message": "locked mode needs a corral.lock; run `corral lock`"}]
+    return [
+        {"code": "lock_mismatch", "message": f"{d.ref} drifted from corral.lock ({d.change})",
+         "ref": d.ref, "locked": d.locked, "current": d.current}
+        for d in drift(locked, Lock.of(definitions))
+    ]
+
+
+def check_locked(definitions: DefinitionSet) -> None:
+    """Refuse to start in locked mode when the set differs from corral.lock."""
+    errors = lock_errors(definitions)
+    if errors:
+        raise CorralError("the definitions differ from corral.lock: "
+                          + "; ".join(e["message"] for e in errors), code="lock_mismatch", details=errors)
+
+
+def changes_between(previous: DefinitionSet, current: DefinitionSet) -> list[dict[str, Any]]:
+    old, new = previous.by_key, current.by_key
+    out = []
+    for key in sorted(set(old) | set(new)):
+        before, after = old.get(key), new.get(key)
+        if before is not None and after is not None and before.digest == after.digest:
+            continue
+        change = "added" if before is None else "removed" if after is None else "changed"
+        out.append({"kind": key[0], "name": key[1], "change": change,
+                    "from": before.digest if before else None, "to": after.digest if after else None})
+    return out
+
+
+class Swapper:
+    def __init__(self, compiler: Compiler, registry: Registry, conversations: Conversations,
+                 store: Store, hub: EventHub, metrics: Metrics, *, locked: bool):
+        self.compiler = compiler
+        self.registry = registry
+        self.conversations = conversations
+        self.store = store
+        self.hub = hub
+        self.metrics = metrics
+        self.locked = locked
+        self._one_at_a_time = anyio.Lock()
+
+    async def reload(self, trigger: str) -> dict[str, Any]:
+        async with self._one_at_a_time:
+            previous = self.registry.current
+            report: dict[str, Any] = {
+                "id": new_id("swap"), "at": iso(time.time()), "trigger": trigger, "status": "unchanged",
+                "previous": previous.digest, "current": previous.digest,
+                "changes": [], "busy": [], "errors": [],
+            }
+            try:
+                candidate = await anyio.to_thread.run_sync(self.compiler.compile)
+            except DefinitionsInvalid as exc:
+                report.update(status="rejected", errors=[
+                    {"code": "definitions_invalid", **e.as_dict()} for e in exc.errors])
+            else:
+                await self._consider(previous, candidate, report)
+            await self._announce(report)
+            return report
+
+    async def _consider(self, previous: DefinitionSet, candidate: DefinitionSet,
+                        report: dict[str, Any]) -> None:
+        if self.locked:
+            errors = lock_errors(candidate)
+            if errors:
+                report.update(status="rejected", errors=errors, attempted=candidate.digest)
+                return
+        if candidate.digest == previous.digest:
+            return
+        changes = changes_between(previous, candidate)
+        touched = {c["name"] for c in changes if c["kind"] == "Agent" and c["change"] != "added"}
+        report["busy"] = [
+            {"conversation_id": r.turn.conversation_id, "agent": r.turn.agent, "digest": r.turn.digest,
+             "turn_id": r.turn.id, "since": iso(r.turn.started_at)}
+            for r in self.conversations.running_turns() if r.turn.agent in touched
+        ]
+        await self.registry.swap(candidate)
+        report.update(status="applied", current=candidate.digest, changes=changes)
+
+    async def _announce(self, report: dict[str, Any]) -> None:
+        status = report["status"]
+        self.metrics.swaps.inc(status)
+        if status != "unchanged":
+            await self.store.record_swap(report["id"], time.time(), status, report)
+            name = "definitions.swapped" if status == "applied" else "definitions.rejected"
+            self.hub.publish_global(name, report)
+        log.log(logging.WARNING if status == "rejected" else logging.INFO, "%s", summary(report))
+
+
+def summary(report: dict[str, Any]) -> str:
+    """One readable log line per swap."""
+    head = f"swap {report['status']} ({report['trigger']}): {report['previous'][:19]}"
+    if report["status"] == "applied":
+        counts: dict[str, int] = {}
+        for change in report["changes"]:
+            counts[change["change"]] = counts.get(change["change"], 0) + 1
+        detail = ", ".join(f"{n} {c}" for c, n in sorted(counts.items()))
+        busy = f"; busy: {', '.join(b['conversation_id'] for b in report['busy'])}" if report["busy"] else ""
+        return f"{head} -> {report['current'][:19]} [{detail}]{busy}"
+    if report["status"] == "rejected":
+        first = report["errors"][0] if report["errors"] else {}
+        where = f"{first.get('file')}:{first.get('line')}: " if first.get("file") else ""
+        return f"{head} kept; {len(report['errors'])} error(s), first: {where}{first.get('message', '')}"
+    return head + " (no definition changed)"

@@ -1,0 +1,216 @@
+"""A conversation runs one turn at a time: reject, enqueue, interrupt, and idempotent retries.
+
+The first turn of each case waits at a gate (see `tests.live`) that the test
+opens when it is done looking, so "busy" never depends on timing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from tests.conftest import corral_server
+from tests.live import ended, gated_definitions, named, open_gate, read_events
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    root = tmp_path_factory.mktemp("busy")
+    with corral_server(gated_definitions(root / "defs"), root / "state") as url:
+        yield url
+
+
+@pytest.fixture
+async def client(base_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=base_url, timeout=15, trust_env=False) as http:
+        yield http
+
+
+class Conversation:
+    """One conversation, and the replies to the messages sent in it, in the order they came back."""
+
+    def __init__(self, client: httpx.AsyncClient, conversation_id: str):
+        self.client = client
+        self.id = conversation_id
+        self.replies: list[httpx.Response] = []
+
+    async def send(self, content: str, *, key: str | None = None, **fields: Any) -> httpx.Response:
+        headers = {"Idempotency-Key": key} if key else {}
+        reply = await self.client.post(f"/v1/conversations/{self.id}/messages",
+                                       json={"content": content, **fields}, headers=headers)
+        self.replies.append(reply)
+        return reply
+
+    async def started(self, after: int | None = None) -> str:
+        """The id of the turn that reached the gate (waiting for it to get there)."""
+        events = await read_events(self.client, self.id, named("tool.started"), last_event_id=after)
+        return next(e.data["turn_id"] for e in events if e.name == "turn.started")
+
+    async def turns(self) -> list[dict[str, Any]]:
+        return (await self.client.get(f"/v1/conversations/{self.id}/turns")).json()["items"]
+
+
+@pytest.fixture
+def conversation_of(client: httpx.AsyncClient):
+    async def create(agent: str = "gated") -> Conversation:
+        r = await client.post("/v1/conversations", json={"agent": agent})
+        assert r.status_code == 201, r.text
+        return Conversation(client, r.json()["id"])
+
+    return create
+
+
+def busy_turn_id(reply: httpx.Response) -> str:
+    assert reply.status_code == 409, reply.text
+    error = reply.json()["error"]
+    assert error["code"] == "conversation_busy"
+    return error["details"]["turn_id"]
+
+
+async def test_reject_answers_409_naming_the_running_turn(conversation_of, tmp_path: Path) -> None:
+    c = await conversation_of()
+    gate = tmp_path / "gate"
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(c.send, f"wait {gate}")
+            turn_id = await c.started()
+            assert (await c.client.get(f"/v1/conversations/{c.id}")).json()["status"] == "busy"
+            assert busy_turn_id(await c.send("hello")) == turn_id
+            assert busy_turn_id(await c.send("hello", if_busy="reject")) == turn_id
+            open_gate(gate)
+    assert c.replies[-1].json()["turn_id"] == turn_id and c.replies[-1].json()["status"] == "completed"
+    assert [t["id"] for t in await c.turns()] == [turn_id]
+
+
+@pytest.mark.parametrize("senders", [2, 4])
+async def test_concurrent_sends_exactly_one_runs(conversation_of, tmp_path: Path, senders: int) -> None:
+    c = await conversation_of()
+    gate = tmp_path / "gate"
+    rejected = anyio.Event()
+
+    async def send() -> None:
+        if (await c.send(f"wait {gate}")).status_code == 409 and len(c.replies) == senders - 1:
+            rejected.set()
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            for _ in range(senders):
+                tg.start_soon(send)
+            await rejected.wait()  # every other sender has its answer: now let the one turn finish
+            open_gate(gate)
+    ok = [r for r in c.replies if r.status_code == 200]
+    assert len(ok) == 1, [r.text for r in c.replies]
+    turn_id = ok[0].json()["turn_id"]
+    assert [busy_turn_id(r) for r in c.replies if r is not ok[0]] == [turn_id] * (senders - 1)
+    assert [t["id"] for t in await c.turns()] == [turn_id]
+
+
+@pytest.mark.parametrize(("agent", "fields"), [("queued", {}), ("gated", {"if_busy": "enqueue"})])
+async def test_enqueue_runs_both_in_order(conversation_of, tmp_path: Path, agent: str,
+                                          fields: dict[str, str]) -> None:
+    c = await conversation_of(agent)
+    first_gate, second_gate = tmp_path / "first", tmp_path / "second"
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(c.send, f"wait {first_gate}")
+            first = await c.started()
+            tg.start_soon(partial(c.send, f"wait {second_gate}", **fields))
+            # Had the second turn run beside the first, this would let it finish first.
+            open_gate(second_gate)
+            open_gate(first_gate)
+    assert [r.status_code for r in c.replies] == [200, 200], [r.text for r in c.replies]
+    assert [r.json()["turn_id"] for r in c.replies][0] == first
+    turns = await c.turns()
+    assert [t["status"] for t in turns] == ["completed", "completed"]
+    assert turns[0]["id"] == first and turns[0]["ended_at"] <= turns[1]["started_at"]
+    events = await read_events(c.client, c.id, ended(turns[1]["id"]))
+    starts_and_ends = [(e.name, e.data["turn_id"]) for e in events if e.name.startswith("turn.")]
+    assert starts_and_ends == [("turn.started", first), ("turn.completed", first),
+                               ("turn.started", turns[1]["id"]), ("turn.completed", turns[1]["id"])]
+
+
+async def test_interrupt_policy_cancels_the_running_turn(conversation_of, tmp_path: Path) -> None:
+    c = await conversation_of()
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(c.send, f"wait {tmp_path / 'never'}")
+            first = await c.started()
+            second = await c.send("hello", if_busy="interrupt")
+    assert second.status_code == 200 and second.json()["status"] == "completed"
+    assert second.json()["output"] == "echo: hello"
+    cancelled = next(r for r in c.replies if r is not second)
+    assert cancelled.json()["turn_id"] == first and cancelled.json()["status"] == "cancelled"
+    turns = await c.turns()
+    assert [(t["id"], t["status"]) for t in turns] == [(first, "cancelled"), (second.json()["turn_id"],
+                                                                             "completed")]
+    events = await read_events(c.client, c.id, ended(second.json()["turn_id"]))
+    assert [e.data["turn_id"] for e in events if e.name == "turn.cancelled"] == [first]
+
+
+async def test_interrupt_route_cancels_the_running_turn(conversation_of, tmp_path: Path) -> None:
+    c = await conversation_of()
+    idle = await c.client.post(f"/v1/conversations/{c.id}/interrupt")
+    assert idle.status_code == 200 and idle.json() == {"interrupted": False, "turn_id": None}
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(c.send, f"wait {tmp_path / 'never'}")
+            turn_id = await c.started()
+            r = await c.client.post(f"/v1/conversations/{c.id}/interrupt")
+            assert r.status_code == 200 and r.json() == {"interrupted": True, "turn_id": turn_id}
+        events = await read_events(c.client, c.id, ended(turn_id))
+        assert events[-1].name == "turn.cancelled"
+        assert c.replies[0].json()["status"] == "cancelled"
+        again = await c.send("hello")  # the conversation is free again
+    assert again.status_code == 200 and again.json()["output"] == "echo: hello"
+    assert [t["status"] for t in await c.turns()] == ["cancelled", "completed"]
+    missing = await c.client.post("/v1/conversations/conv_nope/interrupt")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "conversation_not_found"
+
+
+async def test_idempotency_key_returns_the_first_result(conversation_of) -> None:
+    c = await conversation_of()
+    with anyio.fail_after(15):
+        first = await c.send("hello", key="k-1")
+        retry = await c.send("hello", key="k-1")
+        other = await c.send("hello", key="k-2")
+        elsewhere = await (await conversation_of()).send("hello", key="k-1")  # keys are per conversation
+    assert first.status_code == retry.status_code == 200
+    assert retry.json() == first.json()
+    assert other.json()["turn_id"] != first.json()["turn_id"]
+    assert elsewhere.status_code == 200 and elsewhere.json()["turn_id"] != first.json()["turn_id"]
+    assert [t["id"] for t in await c.turns()] == [first.json()["turn_id"], other.json()["turn_id"]]
+
+
+async def test_idempotent_retry_while_the_turn_runs_waits_for_it(conversation_of, tmp_path: Path) -> None:
+    c = await conversation_of()
+    gate = tmp_path / "gate"
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(c.send, f"wait {gate}", key="k"))
+            turn_id = await c.started()
+            tg.start_soon(partial(c.send, f"wait {gate}", key="k"))  # a retry is no second message: no 409
+            open_gate(gate)
+    assert [r.status_code for r in c.replies] == [200, 200], [r.text for r in c.replies]
+    assert c.replies[0].json() == c.replies[1].json() and c.replies[0].json()["turn_id"] == turn_id
+    assert [t["id"] for t in await c.turns()] == [turn_id]
+
+
+@pytest.mark.parametrize("agent", ["gated", "queued"])
+async def test_concurrent_requests_with_one_key_make_one_turn(conversation_of, agent: str) -> None:
+    for _ in range(5):  # the requests race differently each time
+        c = await conversation_of(agent)
+        with anyio.fail_after(15):
+            async with anyio.create_task_group() as tg:
+                for _ in range(3):
+                    tg.start_soon(partial(c.send, "hello", key="same"))
+        assert [r.status_code for r in c.replies] == [200] * 3, [r.text for r in c.replies]
+        assert len({r.json()["turn_id"] for r in c.replies}) == 1
+        assert len(await c.turns()) == 1
