@@ -90,12 +90,18 @@ def serve_fake() -> int:
     """`--serve-fake`: serve the instant fake on a free loopback port, printed first on stdout."""
     import uvicorn
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted sockets only when the listener says TCP;
+    # without it a response's header and body writes meet Nagle and delayed ACKs (~40 ms a call)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
+    sock.listen(4096)  # connections wait in the backlog until uvicorn has started
     print(sock.getsockname()[1], flush=True)
     config = uvicorn.Config(_fake_app(), log_config=None, access_log=False, lifespan="off", backlog=4096)
-    uvicorn.Server(config).run(sockets=[sock])
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:  # how `Proc.stop` ends it
+        pass
     return 0
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,7 +80,9 @@ class _Live:
     slot: anyio.Semaphore = field(default_factory=lambda: anyio.Semaphore(1))
     running: Running | None = None
     keys: dict[str, _Pending] = field(default_factory=dict)  # idempotency keys in flight
-    waiting: int = 0
+    # Ids of the turn holding the slot (first) and of those waiting for it, in order. Set before
+    # any await, so a rejected request always names a turn, even one that is still starting.
+    queue: deque[str] = field(default_factory=deque)
 
 
 class Conversations:
@@ -160,6 +163,9 @@ class Conversations:
         live = self._live.setdefault(conversation_id, _Live())
         if not idempotency_key:
             return await self._start(live, conversation, text, if_busy, None)
+        # A key in flight first: its turn is in the store too, but still running, not a result yet.
+        if idempotency_key in live.keys:
+            return await live.keys[idempotency_key].outcome()
         found = await self._stored_turn(conversation_id, idempotency_key)
         if found is not None:
             return found
@@ -183,34 +189,36 @@ class Conversations:
         policy = if_busy or closure.agent.on_busy
         if policy not in BUSY_POLICIES:
             raise RequestError(f"if_busy must be one of {', '.join(BUSY_POLICIES)}")
-        await self._take_slot(live, policy)
+        turn_id = new_id("turn")
+        await self._take_slot(live, policy, turn_id)
         try:
             conversation = await self.get(conversation.id)
             # what is current now that it is our turn
             closure = await self.registry.resolve(conversation.agent)
-            running = Running(turn=self.runner.new_turn(conversation, closure, text, key))
+            running = Running(turn=self.runner.new_turn(conversation, closure, text, key, turn_id))
             live.running = running
             assert self._tg is not None
             await self._tg.start(self._run_turn, live, conversation, closure, running)
             return running
         except BaseException:
             live.running = None
+            live.queue.remove(turn_id)
             live.slot.release()
             raise
 
-    async def _take_slot(self, live: _Live, policy: str) -> None:
-        if live.slot.value == 0 and policy == "reject":
-            running = live.running
-            turn_id = running.turn.id if running else None
-            raise ConversationBusy(f"the conversation is busy with turn {turn_id}",
-                                   details={"turn_id": turn_id})
+    async def _take_slot(self, live: _Live, policy: str, turn_id: str) -> None:
+        if live.queue and policy == "reject":
+            busy_with = live.queue[0]
+            raise ConversationBusy(f"the conversation is busy with turn {busy_with}",
+                                   details={"turn_id": busy_with})
         if policy == "interrupt" and live.running is not None:
             live.running.scope.cancel()
-        live.waiting += 1
+        live.queue.append(turn_id)
         try:
             await live.slot.acquire()
-        finally:
-            live.waiting -= 1
+        except BaseException:
+            live.queue.remove(turn_id)
+            raise
 
     async def _stored_turn(self, conversation_id: str, key: str) -> Running | None:
         turn = await self.store.find_turn_by_key(conversation_id, key, 0.0)
@@ -236,8 +244,9 @@ class Conversations:
                 if running.turn.idempotency_key:
                     live.keys.pop(running.turn.idempotency_key, None)
                 running.done.set()
+                live.queue.remove(running.turn.id)
                 live.slot.release()
-                if live.waiting == 0 and live.running is None:
+                if not live.queue:
                     self._live.pop(conversation.id, None)
 
     async def interrupt(self, conversation_id: str) -> str | None:

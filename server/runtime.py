@@ -8,7 +8,9 @@ loop. It never decides busy/idle or persistence: that is `conversations`.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Protocol
 
 import httpx
 
@@ -30,6 +32,13 @@ from .tools.skills import ActivateSkill, ReadSkillResource, skills_prompt
 from .tools.subagent import SubAgentTool
 
 
+class MCPToolSource(Protocol):
+    """Where tools of MCPServer definitions come from (see `tools.mcp`)."""
+
+    async def tools(self, server: MCPServerDefinition, root: Path,
+                    only: str | None = None) -> Sequence[ToolPort]: ...
+
+
 class Denied:
     """A tool whose definition says `permission: deny`: the model is told no."""
 
@@ -41,9 +50,11 @@ class Denied:
 
 
 class Runtime:
-    def __init__(self, http: httpx.AsyncClient, environ: Mapping[str, str] | None = None):
+    def __init__(self, http: httpx.AsyncClient, environ: Mapping[str, str] | None = None,
+                 mcp: MCPToolSource | None = None):
         self.http = http
         self.environ = os.environ if environ is None else environ
+        self.mcp = mcp
 
     # --- models --------------------------------------------------------------
 
@@ -72,11 +83,11 @@ class Runtime:
 
     # --- tools ---------------------------------------------------------------
 
-    def tools(self, closure: Closure) -> dict[str, ToolPort]:
+    async def tools(self, closure: Closure) -> dict[str, ToolPort]:
         agent = closure.agent
         tools: dict[str, ToolPort] = {}
         for ref in agent.tools:
-            for tool in self._tool_ref(closure, ref):
+            for tool in await self._tool_ref(closure, ref):
                 tools[tool.spec.name] = tool
         for name in agent.agents:
             sub = closure.get("Agent", name)
@@ -88,16 +99,18 @@ class Runtime:
                 tools[tool.spec.name] = tool
         return tools
 
-    def _tool_ref(self, closure: Closure, ref: str) -> list[ToolPort]:
+    async def _tool_ref(self, closure: Closure, ref: str) -> list[ToolPort]:
         if "/" not in ref and ("Tool", ref) in closure.members:
             definition = closure.get("Tool", ref)
             assert isinstance(definition, ToolDefinition)
             tool = self._tool(definition)
             return [Denied(tool) if definition.permission != "allow" else tool]
-        server = closure.get("MCPServer", ref.split("/", 1)[0])
+        server_name, _, only = ref.partition("/")
+        server = closure.get("MCPServer", server_name)
         assert isinstance(server, MCPServerDefinition)
-        raise RunError(f"MCP server tools ({server.name}) are not available in this build",
-                       code="tool_error")
+        if self.mcp is None:
+            raise RunError(f"MCP server {server.name} is not available here", code="tool_error")
+        return list(await self.mcp.tools(server, closure.root, only=only or None))
 
     def _tool(self, definition: ToolDefinition) -> ToolPort:
         if definition.command is not None:
@@ -115,7 +128,7 @@ class Runtime:
     def _sub_runner(self, closure: Closure):
         async def run(name: str, message: str, ctx: ToolContext) -> str:
             sub = closure.sub_closure(name)
-            plan = self.plan(sub, (), message, ctx)
+            plan = await self.plan(sub, (), message, ctx)
             async for event in run_turn(plan):
                 if isinstance(event, Done):
                     return event.output
@@ -125,8 +138,8 @@ class Runtime:
 
     # --- plans ---------------------------------------------------------------
 
-    def plan(self, closure: Closure, history: tuple[Message, ...], text: str,
-             context: ToolContext) -> TurnPlan:
+    async def plan(self, closure: Closure, history: tuple[Message, ...], text: str,
+                   context: ToolContext) -> TurnPlan:
         agent = closure.agent
         instructions = agent.instructions
         skills = self._skills(closure)
@@ -135,7 +148,7 @@ class Runtime:
         return TurnPlan(
             instructions=instructions,
             model=self.model(closure),
-            tools=self.tools(closure),
+            tools=await self.tools(closure),
             history=history,
             input=text,
             max_steps=agent.max_steps,

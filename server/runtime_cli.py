@@ -42,6 +42,14 @@ def add_verbs(verbs: argparse._SubParsersAction,
     chat.add_argument("--api-key", default=None, help="bearer key for --url (default $CORRAL_API_KEY)")
     chat.set_defaults(func=cmd_chat)
 
+    mcp = verbs.add_parser(
+        "mcp", help="serve the agents as an MCP server over stdio",
+        description="Serve the agents as an MCP server over stdio (for Claude Desktop, Cursor, ...).",
+    )
+    add_dir(mcp)
+    mcp.add_argument("--no-watch", action="store_true", help="do not reload when files change")
+    mcp.set_defaults(func=cmd_mcp)
+
 
 def settings_from(args: argparse.Namespace) -> Settings:
     overrides: dict[str, Any] = {}
@@ -166,4 +174,25 @@ async def _chat_remote(args: argparse.Namespace) -> int:
                         name = line[7:]
                     elif line.startswith("data: "):
                         _render(name, json.loads(line[6:]))
+    return 0
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    # stdout is the JSON-RPC pipe: everything else goes to stderr
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return anyio.run(_serve_stdio, settings_from(args))
+
+
+async def _serve_stdio(settings: Settings) -> int:
+    from mcp.server.stdio import stdio_server
+
+    from .mcp_server import AgentsMCP
+    from .service import open_service
+
+    async with open_service(settings) as service:
+        agents = AgentsMCP(service)
+        service.swapper.listeners.append(agents.on_swap)
+        async with stdio_server() as (read_stream, write_stream):
+            await agents.server.run(read_stream, write_stream, agents.server.create_initialization_options())
     return 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -80,6 +81,7 @@ class Swapper:
         self.hub = hub
         self.metrics = metrics
         self.locked = locked
+        self.listeners: list[Callable[[dict[str, Any]], Awaitable[None]]] = []  # told of applied swaps
         self._one_at_a_time = anyio.Lock()
 
     async def reload(self, trigger: str) -> dict[str, Any]:
@@ -126,6 +128,12 @@ class Swapper:
             await self.store.record_swap(report["id"], time.time(), status, report)
             name = "definitions.swapped" if status == "applied" else "definitions.rejected"
             self.hub.publish_global(name, report)
+        if status == "applied":
+            for listener in self.listeners:
+                try:
+                    await listener(report)
+                except Exception:
+                    log.exception("a swap listener failed")
         log.log(logging.WARNING if status == "rejected" else logging.INFO, "%s", summary(report))
 
 

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 from .definitions import Closure
 from .errors import CorralError
-from .ids import new_id
 from .loop import Append, Done, Emit, run_turn
 from .messages import repair_history
 from .store.base import ConversationRecord, EventRecord, TurnRecord
@@ -39,9 +38,9 @@ class TurnRunner:
         self.metrics = metrics
 
     def new_turn(self, conversation: ConversationRecord, closure: Closure, text: str,
-                 key: str | None) -> TurnRecord:
+                 key: str | None, turn_id: str) -> TurnRecord:
         return TurnRecord(
-            id=new_id("turn"), conversation_id=conversation.id, agent=closure.agent.name,
+            id=turn_id, conversation_id=conversation.id, agent=closure.agent.name,
             digest=closure.agent.digest, status="running", input=text, idempotency_key=key,
             started_at=time.time(),
         )
@@ -72,7 +71,7 @@ class TurnRunner:
         context = ToolContext(conversation_id=conversation.id, turn_id=turn.id, agent=turn.agent,
                               digest=turn.digest, root=closure.root, environ=self.runtime.environ)
         try:
-            plan = self.runtime.plan(closure, tuple(repair_history(history)), turn.input, context)
+            plan = await self.runtime.plan(closure, tuple(repair_history(history)), turn.input, context)
             async for event in run_turn(plan):
                 await self._handle(conversation.id, turn, running, event)
         except CorralError as exc:

@@ -38,6 +38,11 @@ _SCALAR_TAGS = {
 }
 _MERGE = "tag:yaml.org,2002:merge"
 _TIMESTAMP = "tag:yaml.org,2002:timestamp"
+# First characters for which an untagged plain scalar may resolve to something other than
+# a string; with a wildcard resolver (key None) any may, and the fast path is off.
+_RESOLVABLE_FIRST = (
+    None if None in _resolver.yaml_implicit_resolvers else frozenset(_resolver.yaml_implicit_resolvers)
+)
 
 Path = tuple[str | int, ...]
 
@@ -103,7 +108,9 @@ class _Builder:
         return _position(mark, self.line_offset)
 
     def feed(self, event: Any) -> None:
-        if isinstance(event, events.DocumentStartEvent):
+        if type(event) is events.ScalarEvent:  # the most frequent event by far
+            self.scalar(event)
+        elif isinstance(event, events.DocumentStartEvent):
             self.doc = ParsedDocument(data=None, start=self.pos(event.start_mark))
             self.anchors = {}
             self.nodes = 0
@@ -142,10 +149,9 @@ class _Builder:
     def key(self, frame: _Frame, event: events.ScalarEvent) -> None:
         if event.anchor:
             self.anchors[event.anchor] = (event.value, 1)
-        tag = event.tag
-        if tag is None and event.implicit[0]:
-            tag = _resolver.resolve(yaml.ScalarNode, event.value, event.implicit)
-        key = "<<" if tag == _MERGE else event.value
+        # An untagged plain key resolves to the merge tag exactly when it is `<<`, which
+        # is then its value anyway: only an explicit tag needs looking at.
+        key = "<<" if event.tag == _MERGE else event.value
         if key != "<<" and key in frame.explicit:
             raise YAMLProblem(f"duplicate key {key!r}", self.pos(event.start_mark))
         frame.key = key
@@ -156,6 +162,10 @@ class _Builder:
 
     def scalar_value(self, event: events.ScalarEvent) -> Any:
         tag = event.tag
+        if tag is None and _RESOLVABLE_FIRST is not None:
+            value = event.value
+            if not event.implicit[0] or (value and value[0] not in _RESOLVABLE_FIRST):
+                return value  # what the resolver and the str constructor would make of it
         if tag is None or tag == "!":
             tag = _resolver.resolve(yaml.ScalarNode, event.value, event.implicit)
         if tag == _TIMESTAMP:
@@ -239,8 +249,12 @@ def parse_yaml(text: str, *, line_offset: int = 0) -> list[ParsedDocument]:
     """Every non-empty document in `text`; raises `YAMLProblem`."""
     builder = _Builder(line_offset)
     try:
-        for event in yaml.parse(text, Loader=_Loader):
-            builder.feed(event)
+        loader = _Loader(text)
+        try:
+            while loader.check_event():  # what yaml.parse does, without a generator per event
+                builder.feed(loader.get_event())
+        finally:
+            loader.dispose()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         position = _position(mark, line_offset) if mark else Position(1, 1)

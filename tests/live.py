@@ -22,7 +22,11 @@ import httpx
 
 from tests.conftest import write_tree
 
-WAIT_PY = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.01)\nprint('open')\n"
+WAIT_PY = """import os, sys, time
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.01)
+print('open')
+"""
 
 
 @dataclass(frozen=True)

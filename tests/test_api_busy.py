@@ -127,7 +127,7 @@ async def test_enqueue_runs_both_in_order(conversation_of, tmp_path: Path, agent
             open_gate(second_gate)
             open_gate(first_gate)
     assert [r.status_code for r in c.replies] == [200, 200], [r.text for r in c.replies]
-    assert [r.json()["turn_id"] for r in c.replies][0] == first
+    assert c.replies[0].json()["turn_id"] == first
     turns = await c.turns()
     assert [t["status"] for t in turns] == ["completed", "completed"]
     assert turns[0]["id"] == first and turns[0]["ended_at"] <= turns[1]["started_at"]

@@ -18,7 +18,7 @@ from server.canonical import canonical_json, digest_of, freeze, is_digest, thaw
 from server.compiler import Compiler
 from server.yamltext import parse_yaml
 
-SETTINGS = settings(max_examples=75, deadline=None)
+SETTINGS = settings(max_examples=60, deadline=None)
 
 # RFC 8785 numbers are IEEE doubles: integers beyond 2**53 have no exact spelling.
 SAFE_INT = 2**53 - 1

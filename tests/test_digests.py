@@ -156,15 +156,15 @@ def aliases(docs: list[dict]) -> list[dict]:
         if doc["kind"] == "Hook":
             doc["event"] = events[doc["event"]]
             doc["matcher"] = doc["matcher"] or "*"
+            if "command" in doc:
+                doc["command"] = doc["command"][0]  # a string naming one executable
         if doc["name"] == "fetch":
             doc["http"]["method"] = "get"
     return docs
 
 
 def one_file_each(root: Path) -> None:
-    for i, doc in enumerate(documents(up="../../")):
-        write_set(root, {f"deep/er/{i:02d}-{doc['name']}.yml": dump(doc)})
-    write_set(root, {})
+    write_set(root, {f"deep/er/{i:02d}-{d['name']}.yml": dump(d) for i, d in enumerate(documents("../../"))})
 
 
 def one_multidoc_file(root: Path) -> None:
@@ -177,14 +177,6 @@ def moved_skill(root: Path) -> None:
     write_set(root, by_kind(documents()), files)
 
 
-def split_and_renamed(root: Path) -> None:
-    texts = {}
-    for doc in documents():
-        kind = doc["kind"].lower()
-        texts[f"{kind}-{doc['name']}.yaml"] = dump(doc)
-    write_set(root, texts)
-
-
 VARIANTS: dict[str, Callable[[Path], Any]] = {
     "flow-style": lambda root: write_set(root, by_kind(documents(), flow=True)),
     "indent-4": lambda root: write_set(root, by_kind(documents(), indent=4)),
@@ -195,7 +187,8 @@ VARIANTS: dict[str, Callable[[Path], Any]] = {
         root, {k: with_comments(v) for k, v in by_kind(documents()).items()}),
     "renamed-files": lambda root: write_set(
         root, {"z-" + k.replace(".yaml", ".yml"): v for k, v in by_kind(documents()).items()}),
-    "split-and-renamed": split_and_renamed,
+    "split-and-renamed": lambda root: write_set(
+        root, {f"{d['kind'].lower()}-{d['name']}.yaml": dump(d) for d in documents()}),
     "one-file-each-deeper": one_file_each,
     "one-multidoc-file": one_multidoc_file,
     "moved-skill-folder": moved_skill,

@@ -10,14 +10,16 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
 from ..errors import CorralError
+from ..mcp_server import AgentsMCP
 from ..service import open_service
 from ..settings import Settings
 from . import agents, conversations, deployments, openai_compat
 from .guards import ApiKeys, BodyLimit
 from .http import corral_error_handler, internal_error_handler
+from .mcp_mount import mcp_app
 
 
 async def healthz(request: Request) -> Response:
@@ -37,12 +39,18 @@ async def metrics(request: Request) -> Response:
 
 
 def create_app(settings: Settings) -> Starlette:
+    agents_mcp = AgentsMCP()
+    mcp = mcp_app(agents_mcp, settings.host)  # creates the session manager the lifespan runs
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with open_service(settings) as service:
+            agents_mcp.service = service
+            service.swapper.listeners.append(agents_mcp.on_swap)
             app.state.service = service
             app.state.started_at = time.time()
-            yield
+            async with agents_mcp.server.session_manager.run():
+                yield
 
     routes = [
         Route("/healthz", healthz),
@@ -52,6 +60,7 @@ def create_app(settings: Settings) -> Starlette:
         *agents.routes,
         *conversations.routes,
         *openai_compat.routes,
+        Mount("/", app=mcp),  # last: a mount at / swallows every route after it
     ]
     middleware = [
         Middleware(ApiKeys, keys=settings.keys),
