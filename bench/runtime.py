@@ -227,7 +227,9 @@ def start_corral(definitions: Path, work: Path, profile_out: Path | None) -> tup
 
 
 def _client(base_url: str, connections: int = CONCURRENCY + 10) -> httpx.AsyncClient:
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    # idle connections expire here before uvicorn's 5 s keep-alive closes them under a request
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections,
+                          keepalive_expiry=2.0)
     return httpx.AsyncClient(base_url=base_url, limits=limits, timeout=httpx.Timeout(30.0))
 
 

@@ -31,6 +31,8 @@ HTTP_STATUS: dict[str, int] = {
     "conversation_not_found": 404,
     "not_found": 404,
     "conversation_busy": 409,
+    "conflict": 409,
+    "method_not_allowed": 405,
     "payload_too_large": 413,
     "definitions_invalid": 422,
     "lock_mismatch": 409,

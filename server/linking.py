@@ -42,6 +42,7 @@ class Linker:
         self.report = report
         self.memo = memo  # (own digest, closure items) -> digest, kept across compiles
         self.names: dict[str, list[str]] = {}
+        self._edges: dict[Key, list[tuple[tuple, Key]]] = {}  # edges() once per key and run
         for kind, name in specs:
             self.names.setdefault(kind, []).append(name)
         self.ok = True
@@ -103,6 +104,12 @@ class Linker:
 
     def edges(self, key: Key) -> list[tuple[tuple, Key]]:
         """Outgoing references as (field path, target key)."""
+        found = self._edges.get(key)
+        if found is None:
+            found = self._edges[key] = self._find_edges(key)
+        return found
+
+    def _find_edges(self, key: Key) -> list[tuple[tuple, Key]]:
         kind, _ = key
         spec = self.specs[key]
         if kind == "Model":
@@ -137,7 +144,7 @@ class Linker:
             state[key] = 2
 
         for key in sorted(self.specs):
-            if key not in state:
+            if key not in state and key[0] in ("Agent", "Model"):  # nothing else is on a cycle
                 visit(key, [])
 
     def digests(self) -> dict[Key, Linked]:

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from jsonschema import Draft202012Validator
 
@@ -27,7 +27,11 @@ from .messages import AssistantMessage, Message, ToolCall, ToolResultMessage, Us
 from .providers.base import Finish, ModelPort, ModelRequest, TextDelta, ToolCallChunk, UsageChunk
 from .tools.base import ToolContext, ToolOutput, ToolPort
 
+if TYPE_CHECKING:
+    from .hooks import Hooks
+
 MAX_REPAIRS = 3
+MAX_STOP_ROUNDS = 3
 LOOP_LIMIT = 3
 EVENT_TEXT_LIMIT = 4096
 
@@ -64,6 +68,7 @@ class TurnPlan:
     input: str
     max_steps: int
     context: ToolContext
+    hooks: Hooks | None = None
     validators: dict[str, Draft202012Validator] = field(default_factory=dict)
 
 
@@ -92,36 +97,80 @@ class _Guards:
         return ToolOutput(message, is_error=True)
 
 
+async def _prompt(plan: TurnPlan) -> str:
+    """The user's message as the model gets it: after session_start and user_prompt_submit hooks."""
+    if plan.hooks is None:
+        return plan.input
+    notes: list[str] = []
+    if not plan.history:
+        notes += (await plan.hooks.run("session_start", {"source": "startup"})).context
+    verdict = await plan.hooks.run("user_prompt_submit", {"prompt": plan.input})
+    if verdict.decision == "deny":
+        raise RunError(f"the prompt was blocked by a hook: {verdict.reason or 'no reason given'}",
+                       code="prompt_blocked")
+    notes += verdict.context
+    return "\n\n".join([plan.input, *notes])
+
+
+async def _keep_going(plan: TurnPlan, rounds: int) -> str | None:
+    """A stop hook's reason to continue instead of ending the turn (at most MAX_STOP_ROUNDS times)."""
+    if plan.hooks is None or rounds >= MAX_STOP_ROUNDS or not plan.hooks.matching("stop"):
+        return None
+    verdict = await plan.hooks.run("stop", {"stop_hook_active": rounds > 0})
+    return verdict.stop_continue
+
+
+@dataclass
+class _Step:
+    """What one model call produced."""
+
+    text: list[str] = field(default_factory=list)
+    calls: list[ToolCall] = field(default_factory=list)
+    stop_reason: str = "end_turn"
+    usage: Usage = field(default_factory=Usage)
+
+
+async def _stream_step(plan: TurnPlan, request: ModelRequest, step: _Step) -> AsyncIterator[Emit]:
+    # aclosing: a turn cancelled mid-stream closes the provider's HTTP response at once
+    async with aclosing(plan.model.stream(request)) as chunks:
+        async for chunk in chunks:
+            if isinstance(chunk, TextDelta):
+                if chunk.text:
+                    step.text.append(chunk.text)
+                    yield Emit("message.delta", {"text": chunk.text})
+            elif isinstance(chunk, ToolCallChunk):
+                step.calls.append(chunk.call)
+            elif isinstance(chunk, UsageChunk):
+                step.usage = step.usage + chunk.usage
+            elif isinstance(chunk, Finish):
+                step.stop_reason = chunk.stop_reason
+
+
 async def run_turn(plan: TurnPlan) -> AsyncIterator[LoopEvent]:
-    messages: list[Message] = [*plan.history, UserMessage(content=plan.input)]
+    messages: list[Message] = [*plan.history, UserMessage(content=await _prompt(plan))]
     yield Append(messages[-1])
     specs = tuple(t.spec for t in plan.tools.values())
     usage = Usage()
     guards = _Guards()
+    stop_rounds = 0
     for _ in range(plan.max_steps):
-        text: list[str] = []
-        calls: list[ToolCall] = []
-        stop_reason = "end_turn"
-        request = ModelRequest(plan.instructions, tuple(messages), specs)
-        # aclosing: a turn cancelled mid-stream closes the provider's HTTP response at once
-        async with aclosing(plan.model.stream(request)) as chunks:
-            async for chunk in chunks:
-                if isinstance(chunk, TextDelta):
-                    if chunk.text:
-                        text.append(chunk.text)
-                        yield Emit("message.delta", {"text": chunk.text})
-                elif isinstance(chunk, ToolCallChunk):
-                    calls.append(chunk.call)
-                elif isinstance(chunk, UsageChunk):
-                    usage = usage + chunk.usage
-                elif isinstance(chunk, Finish):
-                    stop_reason = chunk.stop_reason
+        step = _Step()
+        async for event in _stream_step(plan, ModelRequest(plan.instructions, tuple(messages), specs), step):
+            yield event
+        usage = usage + step.usage
+        text, calls, stop_reason = step.text, step.calls, step.stop_reason
         reply = AssistantMessage(content="".join(text), tool_calls=tuple(calls))
         messages.append(reply)
         yield Append(reply)
         if not calls:
-            yield Done(reply.content, stop_reason, usage)
-            return
+            reason = await _keep_going(plan, stop_rounds)
+            if reason is None:
+                yield Done(reply.content, stop_reason, usage)
+                return
+            stop_rounds += 1
+            messages.append(UserMessage(content=reason))
+            yield Append(messages[-1])
+            continue
         for call in calls:
             yield Emit("tool.started", {"tool_call_id": call.id, "name": call.name,
                                         "arguments": thaw(call.arguments)})
@@ -152,6 +201,6 @@ async def _call_tool(plan: TurnPlan, guards: _Guards, call: ToolCall) -> ToolOut
         return guards.repair(f"invalid input for {call.name}: {detail}")
     guards.check_loop(call)
     try:
-        return await tool.call(arguments, plan.context)
+        return await tool.call(arguments, replace(plan.context, call_id=call.id))
     except ToolError as exc:
         return ToolOutput(exc.message, is_error=True)

@@ -19,6 +19,7 @@ protocol-level crash.
 from __future__ import annotations
 
 import logging
+import warnings
 import weakref
 from typing import Any
 
@@ -34,7 +35,7 @@ from mcp.server.subscriptions import (
     ResourcesListChanged,
     ToolsListChanged,
 )
-from mcp.shared.exceptions import MCPError
+from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from . import __version__
@@ -87,7 +88,14 @@ class AgentsMCP:
         self.service: Service = service  # type: ignore[assignment]  # set by the host's lifespan
         self.bus = InMemorySubscriptionBus()
         self._legacy: weakref.WeakSet[Any] = weakref.WeakSet()
-        self.server = _AgentServer(
+        with warnings.catch_warnings():
+            # The contract asks for logging/setLevel; the 2026-07-28 era deprecates it, and says so.
+            warnings.simplefilter("ignore", MCPDeprecationWarning)
+            self.server = self._build()
+        self.server.middleware.append(self._track_legacy)
+
+    def _build(self) -> Server:
+        return _AgentServer(
             "corral", version=__version__,
             instructions="Each tool is a Corral agent. Pass conversation_id from a result to continue.",
             on_list_tools=self.list_tools, on_call_tool=self.call_tool,
@@ -97,7 +105,6 @@ class AgentsMCP:
             on_completion=self.complete, on_set_logging_level=self.set_level,
             on_subscriptions_listen=ListenHandler(self.bus),
         )
-        self.server.middleware.append(self._track_legacy)
 
     # --- change notifications ----------------------------------------------
 
@@ -160,11 +167,19 @@ class AgentsMCP:
             conversation = await conversations.create(ref, None, {"source": "mcp"})
         running = await conversations.send(conversation.id, arguments["message"])
         try:
-            await self._progress(ctx, conversation.id, running)
+            asked = await self._progress(ctx, conversation.id, running)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):  # the client gave up: so does the turn
                 running.scope.cancel()
             raise
+        if asked is not None:
+            return _tool_error("permission_required", (
+                f"{name} wants to call {asked['name']} and needs a person's approval: POST "
+                f"/v1/conversations/{conversation.id}/permissions/{asked['request_id']} with "
+                '{"decision": "allow"} (or "deny"); the turn then goes on, and its answer appears in '
+                f"GET /v1/conversations/{conversation.id}/messages"),
+                {"conversation_id": conversation.id, "turn_id": running.turn.id,
+                 "digest": running.turn.digest, "status": "waiting"})
         result = await conversations.result(running)
         structured = {"conversation_id": conversation.id, "turn_id": result["turn_id"],
                       "digest": result["digest"], "status": result["status"]}
@@ -174,11 +189,15 @@ class AgentsMCP:
         return types.CallToolResult(content=[types.TextContent(type="text", text=result["output"] or "")],
                                     structured_content=structured)
 
-    async def _progress(self, ctx: ServerRequestContext, conversation_id: str, running: Any) -> None:
+    async def _progress(self, ctx: ServerRequestContext, conversation_id: str,
+                        running: Any) -> dict[str, Any] | None:
+        """Relay progress until the turn ends; returns a permission request if it stops to ask."""
         step = 0
         events = self.service.conversations.events(conversation_id, after=running.started_seq - 1,
                                                    until_turn=running.turn.id)
         async for event in events:
+            if event is not None and event.name == "permission.requested":
+                return event.data
             if event is None or event.name not in ("tool.started", "tool.finished", "message.delta"):
                 continue
             step += 1
@@ -186,6 +205,7 @@ class AgentsMCP:
                        "tool.finished": f"{event.data.get('name')} done",
                        "message.delta": "writing"}[event.name]
             await ctx.session.report_progress(step, None, message)
+        return None
 
     # --- resources and prompts -------------------------------------------------
 

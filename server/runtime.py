@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import httpx
 
@@ -25,11 +25,17 @@ from .definitions import (
 from .errors import RunError
 from .loop import Done, TurnPlan, run_turn
 from .messages import Message
+from .metrics import CountedModel, Metrics
 from .providers.base import ModelPort
 from .providers.scripted import ScriptedProvider
-from .tools.base import ToolContext, ToolOutput, ToolPort
+from .tools.base import ToolContext, ToolPort
+from .tools.guard import Guarded
 from .tools.skills import ActivateSkill, ReadSkillResource, skills_prompt
 from .tools.subagent import SubAgentTool
+
+if TYPE_CHECKING:
+    from .hooks import Hooks
+    from .permissions import PermissionBroker
 
 
 class MCPToolSource(Protocol):
@@ -39,28 +45,21 @@ class MCPToolSource(Protocol):
                     only: str | None = None) -> Sequence[ToolPort]: ...
 
 
-class Denied:
-    """A tool whose definition says `permission: deny`: the model is told no."""
-
-    def __init__(self, tool: ToolPort):
-        self.spec = tool.spec
-
-    async def call(self, arguments, ctx: ToolContext) -> ToolOutput:
-        return ToolOutput(f"permission denied: {self.spec.name} may not be used", is_error=True)
-
-
 class Runtime:
     def __init__(self, http: httpx.AsyncClient, environ: Mapping[str, str] | None = None,
-                 mcp: MCPToolSource | None = None):
+                 mcp: MCPToolSource | None = None, permissions: PermissionBroker | None = None,
+                 metrics: Metrics | None = None):
         self.http = http
         self.environ = os.environ if environ is None else environ
         self.mcp = mcp
+        self.permissions = permissions
+        self.metrics = metrics
 
     # --- models --------------------------------------------------------------
 
     def provider(self, model: ModelDefinition) -> ModelPort:
         if model.provider == "scripted":
-            return ScriptedProvider(model)
+            return self._counted(ScriptedProvider(model))
         from .providers.resilience import RetryingModel
 
         if model.provider == "openai":
@@ -71,7 +70,11 @@ class Runtime:
             from .providers.anthropic import AnthropicProvider
 
             port = AnthropicProvider(model, self.http, self.environ)
-        return RetryingModel(port, model.retries, model.timeout_s)
+        return RetryingModel(self._counted(port), model.retries, model.timeout_s)
+
+    def _counted(self, port: ModelPort) -> ModelPort:
+        # Inside the retries: each attempt is a request the provider saw (and may bill).
+        return port if self.metrics is None else CountedModel(port, self.metrics.model_requests)
 
     def model(self, closure: Closure) -> ModelPort:
         chain = [self.provider(m) for m in closure.model_chain()]
@@ -83,34 +86,33 @@ class Runtime:
 
     # --- tools ---------------------------------------------------------------
 
-    async def tools(self, closure: Closure) -> dict[str, ToolPort]:
+    async def tools(self, closure: Closure, hooks: Hooks | None = None) -> dict[str, ToolPort]:
+        """Every tool the agent may call, each behind the guard (hooks, then permission)."""
         agent = closure.agent
-        tools: dict[str, ToolPort] = {}
+        tools: list[tuple[ToolPort, str]] = []
         for ref in agent.tools:
-            for tool in await self._tool_ref(closure, ref):
-                tools[tool.spec.name] = tool
+            tools += await self._tool_ref(closure, ref)
         for name in agent.agents:
             sub = closure.get("Agent", name)
             assert isinstance(sub, AgentDefinition)
-            tools[name] = SubAgentTool(sub, self._sub_runner(closure))
+            tools.append((SubAgentTool(sub, self._sub_runner(closure)), "allow"))
         skills = self._skills(closure)
         if skills:
-            for tool in (ActivateSkill(skills), ReadSkillResource(skills)):
-                tools[tool.spec.name] = tool
-        return tools
+            tools += [(ActivateSkill(skills), "allow"), (ReadSkillResource(skills), "allow")]
+        return {tool.spec.name: Guarded(tool, permission, hooks, self.permissions)
+                for tool, permission in tools}
 
-    async def _tool_ref(self, closure: Closure, ref: str) -> list[ToolPort]:
+    async def _tool_ref(self, closure: Closure, ref: str) -> list[tuple[ToolPort, str]]:
         if "/" not in ref and ("Tool", ref) in closure.members:
             definition = closure.get("Tool", ref)
             assert isinstance(definition, ToolDefinition)
-            tool = self._tool(definition)
-            return [Denied(tool) if definition.permission != "allow" else tool]
+            return [(self._tool(definition), definition.permission)]
         server_name, _, only = ref.partition("/")
         server = closure.get("MCPServer", server_name)
         assert isinstance(server, MCPServerDefinition)
         if self.mcp is None:
             raise RunError(f"MCP server {server.name} is not available here", code="tool_error")
-        return list(await self.mcp.tools(server, closure.root, only=only or None))
+        return [(tool, "allow") for tool in await self.mcp.tools(server, closure.root, only=only or None)]
 
     def _tool(self, definition: ToolDefinition) -> ToolPort:
         if definition.command is not None:
@@ -136,6 +138,16 @@ class Runtime:
 
         return run
 
+    def hooks(self, closure: Closure, context: ToolContext) -> Hooks | None:
+        found = [closure.get("Hook", name) for name in closure.agent.hooks]
+        if not found:
+            return None
+        from .hooks import Hooks
+
+        base = {"session_id": context.conversation_id, "cwd": str(closure.root),
+                "corral": {"agent": context.agent, "digest": context.digest, "turn_id": context.turn_id}}
+        return Hooks(found, root=closure.root, http=self.http, environ=self.environ, base=base)
+
     # --- plans ---------------------------------------------------------------
 
     async def plan(self, closure: Closure, history: tuple[Message, ...], text: str,
@@ -145,10 +157,12 @@ class Runtime:
         skills = self._skills(closure)
         if skills:
             instructions += skills_prompt(skills)
+        hooks = self.hooks(closure, context)
         return TurnPlan(
             instructions=instructions,
             model=self.model(closure),
-            tools=await self.tools(closure),
+            tools=await self.tools(closure, hooks),
+            hooks=hooks,
             history=history,
             input=text,
             max_steps=agent.max_steps,

@@ -23,6 +23,7 @@ from .compiler import Compiler
 from .conversations import Conversations
 from .events import EventHub
 from .metrics import Metrics
+from .permissions import PermissionBroker
 from .registry import Registry
 from .runtime import Runtime
 from .settings import Settings
@@ -44,6 +45,7 @@ class Service:
     metrics: Metrics
     conversations: Conversations
     swapper: Swapper
+    permissions: PermissionBroker
     ready: bool = False
 
 
@@ -77,12 +79,13 @@ async def open_service(settings: Settings) -> AsyncIterator[Service]:
         timeout = httpx.Timeout(60.0, connect=10.0)
         limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
         async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-            runtime = Runtime(client)
+            permissions = PermissionBroker(store, settings.permission_timeout_s)
+            runtime = Runtime(client, permissions=permissions, metrics=metrics)
             conversations = Conversations(store, registry, runtime, hub, metrics,
                                           idempotency_ttl_s=settings.idempotency_ttl_s)
             swapper = Swapper(compiler, registry, conversations, store, hub, metrics, locked=settings.locked)
             service = Service(settings, compiler, registry, store, runtime, hub, metrics, conversations,
-                              swapper)
+                              swapper, permissions)
             async with anyio.create_task_group() as tg:
                 await tg.start(conversations.run)
                 if settings.watch:

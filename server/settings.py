@@ -26,6 +26,7 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     idempotency_ttl_s: float = Field(default=24 * 3600, gt=0)
     max_concurrent_turns: int = Field(default=1000, gt=0)
+    permission_timeout_s: float = Field(default=300.0, gt=0)
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -87,8 +87,8 @@ def definition_files(root: Path) -> tuple[list[Path], list[DefinitionError]]:
 
 def _entry_kind(root: Path, entry: os.DirEntry, errors: list[DefinitionError]) -> str:
     """"dir", "file", or "" for what is not walked (symlinks to what is already inside)."""
-    path = Path(entry.path)
     if entry.is_symlink():
+        path = Path(entry.path)
         target = path.resolve()
         if target != root and root not in target.parents:
             if target.is_dir() or entry.name.endswith(YAML_SUFFIXES):

@@ -69,7 +69,8 @@ class TurnRunner:
         task_status.started()
         history = [r.message for r in await self.store.list_messages(conversation.id, limit=100_000)]
         context = ToolContext(conversation_id=conversation.id, turn_id=turn.id, agent=turn.agent,
-                              digest=turn.digest, root=closure.root, environ=self.runtime.environ)
+                              digest=turn.digest, root=closure.root, environ=self.runtime.environ,
+                              channel=_Channel(self, conversation.id, turn.id))
         try:
             plan = await self.runtime.plan(closure, tuple(repair_history(history)), turn.input, context)
             async for event in run_turn(plan):
@@ -122,3 +123,19 @@ class TurnRunner:
             self.metrics.busy.inc(amount=-1)
             self.metrics.turns.inc(turn.agent, changes.get("status", "failed"))
             self.metrics.turn_duration.observe(now - turn.started_at, turn.agent)
+
+
+class _Channel:
+    """A turn's way back from its tool calls: events, and the waiting status."""
+
+    def __init__(self, runner: TurnRunner, conversation_id: str, turn_id: str):
+        self.runner = runner
+        self.conversation_id = conversation_id
+        self.turn_id = turn_id
+
+    async def emit(self, name: str, data: dict[str, Any]) -> None:
+        await self.runner.emit(self.conversation_id, name, data)
+
+    async def waiting(self, on: bool) -> None:
+        await self.runner.store.update_turn(self.turn_id, status="waiting" if on else "running")
+        await self.runner.set_status(self.conversation_id, "waiting" if on else "busy")

@@ -37,9 +37,17 @@ async def watch(root: Path, reload: Callable[[str], Awaitable[object]],
                                 stop_event=stop, recursive=True, yield_on_timeout=False)
     if ready is not None:
         ready()
-    try:
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_stop_when_cancelled, stop)
         async for changes in watcher:
             log.debug("%d change(s) under %s", len(changes), root)
             await reload("watch")
+
+
+async def _stop_when_cancelled(stop: anyio.Event) -> None:
+    # awatch waits for changes in a thread that a cancellation cannot interrupt, only `stop`
+    # can (checked every step): without this, shutting down would wait out its 5 s timeout.
+    try:
+        await anyio.sleep_forever()
     finally:
         stop.set()

@@ -32,7 +32,7 @@ def write_tree(root: Path, files: dict[str, str]) -> Path:
 @contextmanager
 def corral_server(definitions: Path, state_dir: Path, **settings: Any) -> Iterator[str]:
     """A real Corral (uvicorn on 127.0.0.1, free port); yields its base URL."""
-    config = Settings(definitions=definitions, state_dir=state_dir, watch=False, **settings)
+    config = Settings(definitions=definitions, state_dir=state_dir, **({"watch": False} | settings))
     with serve(create_app(config), graceful_s=5.0) as base_url:
         yield base_url
 

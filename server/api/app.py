@@ -7,19 +7,20 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import Route
 
 from ..errors import CorralError
 from ..mcp_server import AgentsMCP
 from ..service import open_service
 from ..settings import Settings
-from . import agents, conversations, deployments, openai_compat
+from . import agents, conversations, deployments, openai_compat, permissions
 from .guards import ApiKeys, BodyLimit
-from .http import corral_error_handler, internal_error_handler
-from .mcp_mount import mcp_app
+from .http import corral_error_handler, http_error_handler, internal_error_handler
+from .mcp_mount import mcp_route
 
 
 async def healthz(request: Request) -> Response:
@@ -40,7 +41,7 @@ async def metrics(request: Request) -> Response:
 
 def create_app(settings: Settings) -> Starlette:
     agents_mcp = AgentsMCP()
-    mcp = mcp_app(agents_mcp, settings.host)  # creates the session manager the lifespan runs
+    mcp = mcp_route(agents_mcp, settings.host)  # creates the session manager the lifespan runs
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -59,8 +60,9 @@ def create_app(settings: Settings) -> Starlette:
         *deployments.routes,
         *agents.routes,
         *conversations.routes,
+        *permissions.routes,
         *openai_compat.routes,
-        Mount("/", app=mcp),  # last: a mount at / swallows every route after it
+        mcp,
     ]
     middleware = [
         Middleware(ApiKeys, keys=settings.keys),
@@ -70,5 +72,6 @@ def create_app(settings: Settings) -> Starlette:
         routes=routes,
         middleware=middleware,
         lifespan=lifespan,
-        exception_handlers={CorralError: corral_error_handler, Exception: internal_error_handler},
+        exception_handlers={CorralError: corral_error_handler, HTTPException: http_error_handler,
+                            Exception: internal_error_handler},
     )

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -26,6 +27,14 @@ def error_response(exc: CorralError) -> JSONResponse:
 async def corral_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, CorralError)
     return error_response(exc)
+
+
+async def http_error_handler(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404/405 in our envelope."""
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
+    return JSONResponse({"error": {"code": code, "message": str(exc.detail)}}, status_code=exc.status_code,
+                        headers=exc.headers)
 
 
 async def internal_error_handler(request: Request, exc: Exception) -> Response:
@@ -61,9 +70,14 @@ def page_params(request: Request, default: int = 50) -> tuple[int, str | None]:
     if not cursor:
         return limit, None
     try:
-        return limit, base64.urlsafe_b64decode(cursor.encode() + b"==").decode()
+        # validate=True: a cursor with characters outside the alphabet is refused, not half-decoded
+        padded = cursor.encode() + b"=" * (-len(cursor) % 4)
+        position = base64.b64decode(padded, altchars=b"-_", validate=True).decode()
     except (ValueError, UnicodeDecodeError):
-        raise RequestError("cursor is not valid") from None
+        position = ""
+    if not position:
+        raise RequestError("cursor is not valid")
+    return limit, position
 
 
 def page(items: list[Any], limit: int, key) -> dict[str, Any]:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 from urllib.parse import urlsplit
 
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.server.transport_security import TransportSecuritySettings
+from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..mcp_server import AgentsMCP
@@ -19,11 +21,14 @@ from ..mcp_server import AgentsMCP
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
-def mcp_app(agents: AgentsMCP, host: str) -> ASGIApp:
+def mcp_route(agents: AgentsMCP, host: str) -> Route:
+    """`/mcp` as a plain route (not a mount at `/`, which would swallow every unknown path)."""
     security = None if host in LOOPBACK else TransportSecuritySettings(enable_dns_rebinding_protection=False)
-    app = agents.server.streamable_http_app(streamable_http_path="/mcp", host=host,
-                                            transport_security=security, session_idle_timeout=600)
-    return OriginGuard(app)
+    # Called for its side effect: it builds `session_manager` with the security settings.
+    agents.server.streamable_http_app(streamable_http_path="/mcp", host=host,
+                                      transport_security=security, session_idle_timeout=600)
+    endpoint = OriginGuard(StreamableHTTPASGIApp(agents.server.session_manager))
+    return Route("/mcp", endpoint=endpoint, methods=["GET", "POST", "DELETE"])
 
 
 class OriginGuard:

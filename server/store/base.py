@@ -85,6 +85,22 @@ class DuplicateIdempotencyKey(Exception):
     """`create_turn`: the conversation already has a turn with this idempotency key."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class PermissionRecord:
+    id: str
+    conversation_id: str
+    turn_id: str
+    tool_call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    reason: str | None
+    status: str  # pending | allowed | denied | expired
+    requested_at: float
+    expires_at: float
+    decided_by: str | None = None
+    decided_at: float | None = None
+
+
 class Store(Protocol):
     async def open(self) -> None: ...
     async def close(self) -> None: ...
@@ -132,3 +148,10 @@ class Store(Protocol):
     async def get_alias(self, agent: str, alias: str) -> str | None: ...
     async def list_aliases(self, agent: str) -> list[dict[str, Any]]: ...
     async def delete_alias(self, agent: str, alias: str) -> bool: ...
+
+    # permission requests and decisions (audit)
+    async def create_permission(self, record: PermissionRecord) -> None: ...
+    async def decide_permission(self, request_id: str, status: str, decided_by: str, now: float) -> bool: ...
+    # ^ only a pending request changes; returns whether it did
+    async def get_permission(self, request_id: str) -> PermissionRecord | None: ...
+    async def list_permissions(self, conversation_id: str) -> list[PermissionRecord]: ...

@@ -86,6 +86,24 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             PRIMARY KEY (agent, alias)
         )""",
     ),
+    # 3: permission requests and their decisions (the audit trail of `ask` tools)
+    (
+        """CREATE TABLE permissions (
+            id TEXT PRIMARY KEY,
+            conversation_id TEXT NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+            turn_id TEXT NOT NULL,
+            tool_call_id TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            arguments TEXT NOT NULL,
+            reason TEXT,
+            status TEXT NOT NULL,
+            requested_at REAL NOT NULL,
+            expires_at REAL NOT NULL,
+            decided_by TEXT,
+            decided_at REAL
+        )""",
+        "CREATE INDEX permissions_by_conversation ON permissions (conversation_id, requested_at)",
+    ),
 )
 
 

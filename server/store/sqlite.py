@@ -39,6 +39,7 @@ from .base import (
     TurnRecord,
 )
 from .schema import migrate
+from .sqlite_audit import AuditTables
 from .sqlite_deployments import DeploymentTables
 
 PRAGMAS = (
@@ -80,7 +81,7 @@ def _definition(row: sqlite3.Row) -> StoredDefinition:
     return StoredDefinition(**fields)
 
 
-class SQLiteStore(DeploymentTables):
+class SQLiteStore(DeploymentTables, AuditTables):
     """`Store` on one SQLite file; the parent directory is created on open."""
 
     def __init__(self, path: str | Path) -> None:

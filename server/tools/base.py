@@ -26,6 +26,13 @@ class ToolOutput:
     is_error: bool = False
 
 
+class TurnChannel(Protocol):
+    """How a tool call talks back to its turn while it runs (permission requests)."""
+
+    async def emit(self, name: str, data: dict[str, Any]) -> None: ...
+    async def waiting(self, on: bool) -> None: ...  # the turn waits on a person, or no longer
+
+
 @dataclass(frozen=True)
 class ToolContext:
     """What a running tool may know about the turn that called it."""
@@ -37,6 +44,8 @@ class ToolContext:
     root: Path  # the definition directory: relative paths in specs start here
     environ: Mapping[str, str] = field(default_factory=dict)  # for ${VAR} secrets
     extra: Mapping[str, Any] = field(default_factory=dict)
+    call_id: str = ""  # the model's id for this tool call
+    channel: TurnChannel | None = None
 
 
 class ToolPort(Protocol):

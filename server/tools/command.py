@@ -15,20 +15,14 @@ outlives the call. Resolved secret values are redacted from what it prints.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import anyio
-from anyio.abc import ByteReceiveStream, Process
-
 from ..definitions import ToolDefinition
 from ..messages import ToolSpec
+from ..processes import Finished, StartFailed, run_process
 from ..templates import SECRET_REF, MissingSecret, MissingValue, render
 from .base import MAX_OUTPUT_BYTES, ToolContext, ToolOutput
 
@@ -63,36 +57,6 @@ def redact(text: str, secrets: set[str]) -> str:
         if len(secret) >= _MIN_SECRET_LEN:
             text = text.replace(secret, REDACTED)
     return text
-
-
-@dataclass
-class _Capture:
-    """What one pipe carried: the first `limit` bytes, the last `tail` bytes, the total."""
-
-    limit: int
-    tail: int = 0
-    head: bytearray = field(default_factory=bytearray)
-    last: bytes = b""
-    total: int = 0
-
-    async def drain(self, stream: ByteReceiveStream) -> None:
-        # Read to the end even past the cap: a writer blocked on a full pipe would never exit.
-        async for chunk in stream:
-            self.total += len(chunk)
-            if len(self.head) < self.limit:
-                self.head += chunk[: self.limit - len(self.head)]
-            if self.tail:
-                self.last = (self.last + chunk)[-self.tail :]
-
-    def text(self) -> str:
-        if self.total <= self.limit:
-            return bytes(self.head).decode("utf-8", errors="replace")
-        kept = bytes(self.head).decode("utf-8", errors="ignore")
-        return kept + f"\n[output truncated: {self.total} bytes, limit {self.limit}]"
-
-    def tail_text(self) -> str:
-        cut = "[...]\n" if self.total > len(self.last) else ""
-        return cut + self.last.decode("utf-8", errors="replace").strip()
 
 
 class CommandTool:
@@ -141,60 +105,21 @@ class CommandTool:
 
     async def _run(self, argv: list[str], cwd: Path, env: dict[str, str], secrets: set[str]) -> ToolOutput:
         timeout = float(self.command.get("timeout_s", 30.0))
-        out = _Capture(self.output_limit)
-        err = _Capture(self.output_limit, tail=STDERR_TAIL_BYTES)
-        process = await _start(argv, cwd, env)
-        swept = False
         try:
-            with anyio.move_on_after(timeout) as deadline:
-                async with anyio.create_task_group() as group:
-                    group.start_soon(out.drain, process.stdout)
-                    group.start_soon(err.drain, process.stderr)
-                    await process.wait()
-                    # The leader is done: whatever it left behind in its group goes too,
-                    # which also closes pipes a background child still holds.
-                    _kill_group(process.pid)
-                    swept = True
-        finally:
-            with anyio.CancelScope(shield=True):
-                if not swept:  # timed out or cancelled
-                    _kill_group(process.pid)
-                await process.aclose()
-        if deadline.cancelled_caught:
+            finished = await run_process(argv, cwd=cwd, env=env, timeout_s=timeout,
+                                         output_limit=self.output_limit, stderr_tail=STDERR_TAIL_BYTES)
+        except StartFailed as exc:
+            raise CommandFailed(str(exc)) from None
+        if finished.timed_out:
             return ToolOutput(f"timed out after {timeout:g}s", is_error=True)
-        return _outcome(process.returncode, out, err, secrets)
+        return _outcome(finished, secrets)
 
 
-async def _start(argv: list[str], cwd: Path, env: dict[str, str]) -> Process:
-    try:
-        return await anyio.open_process(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=cwd,
-            env=env,
-            start_new_session=True,
-        )
-    except FileNotFoundError:
-        raise CommandFailed(f"program not found: {argv[0]}") from None
-    except PermissionError:
-        raise CommandFailed(f"program is not executable: {argv[0]}") from None
-    except OSError as exc:
-        raise CommandFailed(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
-
-
-def _kill_group(pgid: int) -> None:
-    # start_new_session made the command a session (and group) leader: its pid is the group id.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
-def _outcome(code: int | None, out: _Capture, err: _Capture, secrets: set[str]) -> ToolOutput:
-    if code == 0:
+def _outcome(finished: Finished, secrets: set[str]) -> ToolOutput:
+    out, err = finished.stdout, finished.stderr
+    if finished.returncode == 0:
         return ToolOutput(redact(out.text(), secrets))
-    status = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
     # stderr says why; a program that reports failures on stdout gets its first lines shown instead.
     detail = err.tail_text() if err.total else out.text()[:STDERR_TAIL_BYTES].strip()
-    message = f"command failed ({status})" + (f"\n{detail}" if detail else "")
+    message = f"command failed ({finished.status})" + (f"\n{detail}" if detail else "")
     return ToolOutput(redact(message, secrets), is_error=True)

@@ -1,0 +1,181 @@
+"""What the hot-swap tests share: a versioned definition tree, atomic edits, swap waits.
+
+The tree holds two agents, each on its own scripted model, each in its own
+file. `edited` says its version in every answer ("v1: hello", "v1 passed the
+gate"), so a turn's output proves which definitions it ran on; rewriting
+`edited.yaml` with another version changes `edited`'s digest and nothing of
+`other`. "wait PATH" holds a turn open in the `gate` tool until PATH exists.
+
+Every edit replaces a whole file at once (a hidden temporary file renamed
+over it), so a reload never reads half a write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+
+from server.api import create_app
+from server.compiler import Compiler
+from server.settings import Settings
+from tests.fakes.uvicorn_thread import serve
+from tests.live import WAIT_PY
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace `path` with `text` (dedented) in one rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.writing")
+    tmp.write_text(textwrap.dedent(text).lstrip("\n"), "utf-8")
+    os.replace(tmp, path)
+
+
+def edited_yaml(version: str) -> str:
+    return f"""
+        kind: Model
+        name: m_edited
+        provider: scripted
+        script:
+          - when: "^wait (?P<path>\\\\S+)"
+            tool_call: {{ name: gate, arguments: {{ path: "{{path}}" }} }}
+            reply: "{version} passed the gate"
+        default: "{version}: {{input}}"
+        ---
+        kind: Agent
+        name: edited
+        description: Answers with its version.
+        model: m_edited
+        tools: [gate]
+    """
+
+
+def broken_edited_yaml(version: str = "broken") -> str:
+    """`edited.yaml` whose agent names a model that does not exist."""
+    return edited_yaml(version).replace("model: m_edited", "model: m_missing")
+
+
+def line_of(path: Path, text: str) -> int:
+    """The line (from 1) of `path` that holds `text`."""
+    return next(n for n, line in enumerate(path.read_text("utf-8").splitlines(), 1) if text in line)
+
+OTHER_YAML = """
+    kind: Model
+    name: m_other
+    provider: scripted
+    script:
+      - when: "^wait (?P<path>\\\\S+)"
+        tool_call: { name: gate, arguments: { path: "{path}" } }
+        reply: "other passed the gate"
+    default: "other: {input}"
+    ---
+    kind: Agent
+    name: other
+    description: Never edited.
+    model: m_other
+    tools: [gate]
+"""
+
+
+def gate_yaml() -> str:
+    argv = json.dumps(["python3", "-c", WAIT_PY, "{path}"])
+    return f"""
+        kind: Tool
+        name: gate
+        description: Return once the file at path exists.
+        input_schema:
+          type: object
+          properties: {{ path: {{ type: string }} }}
+          required: [path]
+        command:
+          argv: {argv}
+          timeout_s: 30
+    """
+
+
+def versioned_definitions(root: Path, version: str = "v1") -> Path:
+    """The two-agent tree with `edited` at `version`; returns root."""
+    write_atomic(root / "edited.yaml", edited_yaml(version))
+    write_atomic(root / "other.yaml", OTHER_YAML)
+    write_atomic(root / "tools.yaml", gate_yaml())
+    return root
+
+
+def agent_digest(root: Path, agent: str = "edited") -> str:
+    """The digest `agent` compiles to in `root`, computed offline."""
+    return Compiler(root).compile().by_key[("Agent", agent)].digest
+
+
+@contextmanager
+def watched_server(definitions: Path, state_dir: Path, **settings: Any) -> Iterator[str]:
+    """Like `corral_server`, with the file watcher on."""
+    config = Settings(definitions=definitions, state_dir=state_dir, watch=True, **settings)
+    with serve(create_app(config), graceful_s=5.0) as base_url:
+        yield base_url
+
+
+async def set_digest(client: httpx.AsyncClient) -> str:
+    r = await client.get("/v1/definitions")
+    assert r.status_code == 200, r.text
+    return r.json()["digest"]
+
+
+async def swaps(client: httpx.AsyncClient) -> list[dict[str, Any]]:
+    """Every recorded swap report, newest first."""
+    r = await client.get("/v1/definitions/history", params={"limit": 1000})
+    assert r.status_code == 200, r.text
+    return r.json()["items"]
+
+
+async def next_swap(client: httpx.AsyncClient, seen: int) -> dict[str, Any]:
+    """The newest report once history holds more than `seen` reports (poll; bound it outside)."""
+    while True:
+        history = await swaps(client)
+        if len(history) > seen:
+            return history[0]
+        await anyio.sleep(0.02)
+
+
+async def watcher_live(client: httpx.AsyncClient, root: Path) -> dict[str, Any]:
+    """Edit a probe definition until the watcher applies it: from then on, edits are seen.
+
+    The watcher starts with the server but may not have subscribed to the
+    directory yet when the first request is answered; an edit made before it
+    has would never be reported.
+    """
+    with anyio.fail_after(15):
+        for attempt in range(1000):
+            before = len(await swaps(client))
+            write_atomic(root / "probe.yaml", f"kind: Model\nname: probe\ndescription: probe {attempt}\n"
+                                              "provider: scripted\n")
+            with anyio.move_on_after(1.0):
+                report = await next_swap(client, before)
+                assert report["status"] == "applied", report
+                return report
+    raise AssertionError("unreachable")
+
+
+async def create_conversation(client: httpx.AsyncClient, agent: str) -> str:
+    r = await client.post("/v1/conversations", json={"agent": agent})
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+async def say(client: httpx.AsyncClient, conversation_id: str, content: str) -> dict[str, Any]:
+    """One turn; its result once it has ended."""
+    r = await client.post(f"/v1/conversations/{conversation_id}/messages", json={"content": content})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+async def turns(client: httpx.AsyncClient, conversation_id: str) -> list[dict[str, Any]]:
+    r = await client.get(f"/v1/conversations/{conversation_id}/turns", params={"limit": 1000})
+    assert r.status_code == 200, r.text
+    return r.json()["items"]

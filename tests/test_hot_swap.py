@@ -1,0 +1,301 @@
+"""Hot swap while conversations run: busy reports, old turns on old digests, rejects, bursts, load.
+
+The watcher tests edit real files under a real `watchfiles` watcher; the load
+test reloads through `POST /v1/definitions/reload` so that ten swaps happen
+exactly when it says. Turns are held open by tools that return when the test
+lets them (a gate file, a loopback endpoint), never by timing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import httpx
+import pytest
+
+from server.compiler import Compiler
+from tests.conftest import corral_server
+from tests.live import Event, ended, named, open_gate, read_events, sse
+from tests.swapping import (
+    agent_digest,
+    broken_edited_yaml,
+    create_conversation,
+    edited_yaml,
+    line_of,
+    say,
+    set_digest,
+    swaps,
+    turns,
+    versioned_definitions,
+    watched_server,
+    watcher_live,
+    write_atomic,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+def client_for(base_url: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=base_url, timeout=30, trust_env=False,
+                             limits=httpx.Limits(max_connections=300, max_keepalive_connections=300))
+
+
+class _Rest:
+    """The rest of a response's lines, for `sse` to parse."""
+
+    def __init__(self, lines: AsyncIterator[str]):
+        self.lines = lines
+
+    def aiter_lines(self) -> AsyncIterator[str]:
+        return self.lines
+
+
+async def follow_server_events(client: httpx.AsyncClient, until: Callable[[Event], bool], *,
+                               task_status: anyio.abc.TaskStatus[list[Event]]) -> None:
+    """`GET /v1/events` into a list, up to the first `until` event; started once subscribed."""
+    seen: list[Event] = []
+    async with client.stream("GET", "/v1/events") as r:
+        assert r.status_code == 200
+        lines = r.aiter_lines()
+        assert (await anext(lines)).startswith(":")  # the first keep-alive: subscribed from here
+        task_status.started(seen)
+        async for event in sse(_Rest(lines)):  # type: ignore[arg-type]
+            seen.append(event)
+            if until(event):
+                return
+    raise AssertionError(f"the event stream ended before the awaited event: {seen}")
+
+
+async def gate_reached(client: httpx.AsyncClient, conversation_id: str) -> str:
+    """The id of the turn of `conversation_id` that is waiting in its tool (waiting for it to get there)."""
+    events = await read_events(client, conversation_id, named("tool.started"))
+    return next(e.data["turn_id"] for e in events if e.name == "turn.started")
+
+
+async def test_watched_edit_reports_the_busy_turn_which_ends_on_the_old_digest(tmp_path: Path) -> None:
+    defs = versioned_definitions(tmp_path / "defs", "v1")
+    v1, v2 = agent_digest(defs), agent_digest(versioned_definitions(tmp_path / "v2", "v2"))
+    gate = tmp_path / "gate"
+    with watched_server(defs, tmp_path / "state") as url:
+        async with client_for(url) as client:
+            await watcher_live(client, defs)
+            seen = len(await swaps(client))
+            busy, other_busy, idle, other_idle = [
+                await create_conversation(client, agent) for agent in ("edited", "other", "edited", "other")]
+            held: dict[str, dict[str, Any]] = {}
+
+            async def hold(conversation_id: str) -> None:
+                held[conversation_id] = await say(client, conversation_id, f"wait {gate}")
+
+            with anyio.fail_after(30):
+                async with anyio.create_task_group() as tg:
+                    for conversation_id in (busy, other_busy):
+                        tg.start_soon(hold, conversation_id)
+                    turn_id = await gate_reached(client, busy)
+                    await gate_reached(client, other_busy)
+                    write_atomic(defs / "edited.yaml", edited_yaml("v2"))
+                    while len(await swaps(client)) == seen:
+                        await anyio.sleep(0.02)
+                    report = (await swaps(client))[0]
+                    open_gate(gate)
+                after = await say(client, busy, "hello")
+                fresh = await say(client, idle, "hello")
+                untouched = await say(client, other_idle, "hello")
+            stored = await turns(client, busy)
+
+    assert report["status"] == "applied" and report["trigger"] == "watch", report
+    assert {(c["kind"], c["name"], c["change"]) for c in report["changes"]} == {
+        ("Agent", "edited", "changed"), ("Model", "m_edited", "changed")}
+    assert next(c for c in report["changes"] if c["kind"] == "Agent")["from"] == v1
+    [entry] = report["busy"]  # not the other agent's busy turn, not the idle conversations
+    assert entry.pop("since")
+    assert entry == {"conversation_id": busy, "agent": "edited", "digest": v1, "turn_id": turn_id}
+
+    assert (held[busy]["turn_id"], held[busy]["digest"]) == (turn_id, v1)
+    assert held[busy]["status"] == "completed" and held[busy]["output"] == "v1 passed the gate"
+    assert held[other_busy]["output"] == "other passed the gate"
+    assert (after["digest"], after["output"]) == (v2, "v2: hello")
+    assert (fresh["digest"], fresh["output"]) == (v2, "v2: hello")
+    assert untouched["output"] == "other: hello"
+    assert [(t["id"], t["digest"]) for t in stored] == [(turn_id, v1), (after["turn_id"], v2)]
+
+
+async def test_a_broken_edit_is_rejected_and_the_old_set_keeps_serving(tmp_path: Path) -> None:
+    defs = versioned_definitions(tmp_path / "defs", "v1")
+    v1 = agent_digest(defs)
+    with watched_server(defs, tmp_path / "state") as url:
+        async with client_for(url) as client:
+            await watcher_live(client, defs)
+            before = await set_digest(client)
+            conversation = await create_conversation(client, "edited")
+            with anyio.fail_after(20):
+                async with anyio.create_task_group() as tg:
+                    events = await tg.start(follow_server_events, client, named("definitions.rejected"))
+                    write_atomic(defs / "edited.yaml", broken_edited_yaml())
+                rejected = events[-1].data
+                latest = (await swaps(client))[0]
+                kept = await say(client, conversation, "hello")
+                still = await set_digest(client)
+                async with anyio.create_task_group() as tg:
+                    events = await tg.start(follow_server_events, client, named("definitions.swapped"))
+                    write_atomic(defs / "edited.yaml", edited_yaml("v2"))
+                swapped = events[-1].data
+                fixed = await say(client, conversation, "hello")
+                now = await set_digest(client)
+
+    assert rejected["status"] == "rejected" and rejected["trigger"] == "watch"
+    assert rejected["previous"] == rejected["current"] == before and rejected["changes"] == []
+    assert [(e["code"], e["file"], e["line"], e["kind"], e["name"], e["field"]) for e in rejected["errors"]] == [
+        ("definitions_invalid", "edited.yaml", line_of(defs / "edited.yaml", "model:"), "Agent", "edited", "model")]
+    assert "m_missing" in rejected["errors"][0]["message"]
+    assert latest == rejected  # the history keeps the same report
+    assert still == before and (kept["digest"], kept["output"]) == (v1, "v1: hello")
+    assert swapped["status"] == "applied" and swapped["previous"] == before and swapped["current"] == now
+    assert fixed["output"] == "v2: hello" and fixed["digest"] != v1
+
+
+async def test_a_burst_of_writes_ends_in_the_final_state_and_applies_nothing_between(tmp_path: Path) -> None:
+    defs = versioned_definitions(tmp_path / "defs", "b0")
+    with watched_server(defs, tmp_path / "state") as url:
+        async with client_for(url) as client:
+            initial = (await watcher_live(client, defs))["current"]
+            seen = len(await swaps(client))
+            target = defs / "edited.yaml"
+            started = time.monotonic()
+            for i in range(1, 21):  # every write a whole state; odd ones do not compile, the last one does
+                write_atomic(target, edited_yaml(f"b{i}") if i % 2 == 0 else broken_edited_yaml(f"b{i}"))
+            elapsed = time.monotonic() - started
+            final = Compiler(defs).compile().digest
+            with anyio.fail_after(15):
+                while await set_digest(client) != final:
+                    await anyio.sleep(0.02)
+            history = await swaps(client)
+            answer = await say(client, await create_conversation(client, "edited"), "hello")
+
+    assert elapsed < 0.1
+    reports = history[: len(history) - seen]
+    applied = [r for r in reports if r["status"] == "applied"]
+    assert applied and applied[0]["current"] == final
+    assert all({r["previous"], r["current"]} <= {initial, final} for r in applied), applied
+    assert answer["output"] == "b20: hello"
+
+
+# --- swaps under load ----------------------------------------------------------
+
+
+class Hold:
+    """A loopback HTTP endpoint that answers only once released: a turn in its tool stays in flight."""
+
+    def __init__(self, expected: int):
+        self.expected = expected
+        self.arrived = 0
+        self.all_arrived = anyio.Event()
+        self.released = anyio.Event()
+
+    async def handle(self, stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            request = b""
+            try:
+                while b"\r\n\r\n" not in request:
+                    request += await stream.receive()
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                return
+            self.arrived += 1
+            if self.arrived >= self.expected:
+                self.all_arrived.set()
+            await self.released.wait()
+            await stream.send(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
+
+
+def load_yaml(version: str, port: int) -> str:
+    return f"""
+        kind: Model
+        name: m_load
+        provider: scripted
+        script:
+          - when: "^hold"
+            tool_call: {{ name: hold }}
+            reply: "{version} held"
+        default: "{version}: {{input}}"
+        ---
+        kind: Tool
+        name: hold
+        description: Return once the test lets it.
+        http: {{ method: GET, url: "http://127.0.0.1:{port}/hold", timeout_s: 60 }}
+        ---
+        kind: Agent
+        name: worker
+        model: m_load
+        tools: [hold]
+    """
+
+
+CONVERSATIONS, SWAPS = 100, 10
+
+
+async def test_turns_in_flight_through_ten_swaps_complete_on_the_digest_they_started(tmp_path: Path) -> None:
+    hold = Hold(CONVERSATIONS)
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    defs = tmp_path / "defs"
+    write_atomic(defs / "load.yaml", load_yaml("s0", port))
+    results: dict[str, list[dict[str, Any]]] = {}
+    reports: list[dict[str, Any]] = []
+    async with listener, anyio.create_task_group() as endpoint:
+        endpoint.start_soon(listener.serve, hold.handle)
+        with corral_server(defs, tmp_path / "state") as url:
+            async with client_for(url) as client:
+                initial = (await client.get("/v1/agents/worker")).json()["digest"]
+                ids = [await create_conversation(client, "worker") for _ in range(CONVERSATIONS)]
+                stop = anyio.Event()
+
+                async def converse(conversation_id: str) -> None:
+                    results[conversation_id] = [await say(client, conversation_id, "hold")]
+                    while not stop.is_set():
+                        results[conversation_id].append(await say(client, conversation_id, "hello"))
+
+                with anyio.fail_after(60):
+                    async with anyio.create_task_group() as tg:
+                        for conversation_id in ids:
+                            tg.start_soon(converse, conversation_id)
+                        await hold.all_arrived.wait()
+                        for i in range(1, SWAPS + 1):
+                            write_atomic(defs / "load.yaml", load_yaml(f"s{i}", port))
+                            reports.append((await client.post("/v1/definitions/reload")).json())
+                            if i == SWAPS // 2:
+                                hold.released.set()  # the held turns end while the next swaps happen
+                        stop.set()
+                    announced = {cid: await started_digests(client, cid, results[cid][-1]["turn_id"])
+                                 for cid in ids}
+                    stored = {cid: await turns(client, cid) for cid in ids}
+        endpoint.cancel_scope.cancel()
+
+    assert [r["status"] for r in reports] == ["applied"] * SWAPS
+    version = {initial: "s0"} | {c["to"]: f"s{i}" for i, r in enumerate(reports, 1)
+                                 for c in r["changes"] if c["kind"] == "Agent"}
+    assert len(version) == SWAPS + 1
+    for report in reports[: SWAPS // 2]:  # every held turn was busy on the first digest
+        assert sorted((b["conversation_id"], b["turn_id"], b["digest"]) for b in report["busy"]) == sorted(
+            (cid, results[cid][0]["turn_id"], initial) for cid in ids)
+    for cid in ids:
+        first, *rest = results[cid]
+        assert (first["status"], first["digest"], first["output"]) == ("completed", initial, "s0 held")
+        for r in rest:
+            assert r["status"] == "completed", r
+            assert r["output"] == f"{version[r['digest']]}: hello"
+        assert [(t["id"], t["digest"], t["status"]) for t in stored[cid]] == [
+            (r["turn_id"], r["digest"], "completed") for r in results[cid]]
+        assert announced[cid] == {r["turn_id"]: r["digest"] for r in results[cid]}
+        order = [int(version[r["digest"]][1:]) for r in results[cid]]
+        assert order == sorted(order)  # a by-name conversation never goes back to an older digest
+
+
+async def started_digests(client: httpx.AsyncClient, conversation_id: str, last_turn: str) -> dict[str, str]:
+    """turn_id -> the digest its `turn.started` event announced."""
+    events = await read_events(client, conversation_id, ended(last_turn))
+    return {e.data["turn_id"]: e.data["digest"] for e in events if e.name == "turn.started"}
