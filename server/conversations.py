@@ -87,13 +87,14 @@ class _Live:
 
 class Conversations:
     def __init__(self, store: Store, registry: Registry, runtime: Runtime, hub: EventHub,
-                 metrics: Metrics, *, idempotency_ttl_s: float = 86_400):
+                 metrics: Metrics, *, idempotency_ttl_s: float = 86_400, max_turns: int = 1000):
         self.store = store
         self.registry = registry
         self.hub = hub
         self.metrics = metrics
         self.runner = TurnRunner(store, runtime, hub, metrics)
         self.idempotency_ttl_s = idempotency_ttl_s
+        self.max_turns = max_turns
         self._live: dict[str, _Live] = {}
         self._tg: TaskGroup | None = None
         self.accepting = True
@@ -160,6 +161,9 @@ class Conversations:
         conversation = await self.get(conversation_id)
         if not self.accepting:
             raise CorralError("the server is shutting down", code="overloaded")
+        if len(self.running_turns()) >= self.max_turns:
+            raise CorralError(f"too many turns in progress (limit {self.max_turns}); retry shortly",
+                              code="overloaded")
         live = self._live.setdefault(conversation_id, _Live())
         if not idempotency_key:
             return await self._start(live, conversation, text, if_busy, None)

@@ -60,10 +60,12 @@ class CorralError(Exception):
     def http_status(self) -> int:
         return HTTP_STATUS.get(self.code, 500)
 
-    def envelope(self) -> dict[str, Any]:
+    def envelope(self, request_id: str | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"code": self.code, "message": self.message}
         if self.details is not None:
             body["details"] = self.details
+        if request_id:
+            body["request_id"] = request_id
         return {"error": body}
 
 

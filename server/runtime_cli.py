@@ -13,6 +13,7 @@ from typing import Any
 import anyio
 import httpx
 
+from . import logs
 from .errors import CorralError
 from .settings import Settings
 
@@ -95,10 +96,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   "(set keys, or pass --insecure to accept the risk)", file=sys.stderr)
             return 2
         print(f"WARNING: serving {settings.host} WITHOUT authentication (--insecure)", file=sys.stderr)
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(settings.log_level, settings.log_format)
     config = uvicorn.Config(
-        create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
+        create_app(settings), host=settings.host, port=settings.port, log_config=None,
         timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5, lifespan="on",
     )
     uvicorn.Server(config).run()

@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
 import httpx
@@ -22,6 +23,7 @@ import httpx
 from .compiler import Compiler
 from .conversations import Conversations
 from .events import EventHub
+from .lockfile import LockError, read_lock
 from .metrics import Metrics
 from .permissions import PermissionBroker
 from .registry import Registry
@@ -29,6 +31,7 @@ from .runtime import Runtime
 from .settings import Settings
 from .store.base import Store
 from .swaps import Swapper, check_locked
+from .tools.mcp import MCPConnections
 from .watcher import watch
 
 log = logging.getLogger("corral")
@@ -80,13 +83,16 @@ async def open_service(settings: Settings) -> AsyncIterator[Service]:
         limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
         async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
             permissions = PermissionBroker(store, settings.permission_timeout_s)
-            runtime = Runtime(client, permissions=permissions, metrics=metrics)
+            mcp = _mcp_connections(definitions.root, settings.locked, hub)
+            runtime = Runtime(client, mcp=mcp, permissions=permissions, metrics=metrics)
             conversations = Conversations(store, registry, runtime, hub, metrics,
-                                          idempotency_ttl_s=settings.idempotency_ttl_s)
+                                          idempotency_ttl_s=settings.idempotency_ttl_s,
+                                          max_turns=settings.max_concurrent_turns)
             swapper = Swapper(compiler, registry, conversations, store, hub, metrics, locked=settings.locked)
             service = Service(settings, compiler, registry, store, runtime, hub, metrics, conversations,
                               swapper, permissions)
             async with anyio.create_task_group() as tg:
+                await tg.start(mcp.run)
                 await tg.start(conversations.run)
                 if settings.watch:
                     tg.start_soon(watch, compiler.root, swapper.reload)
@@ -104,6 +110,22 @@ async def open_service(settings: Settings) -> AsyncIterator[Service]:
     finally:
         with anyio.CancelScope(shield=True):
             await store.close()
+
+
+def _mcp_connections(root: Path, locked: bool, hub: EventHub) -> MCPConnections:
+    """Connections to MCP servers, checked against the catalogs in corral.lock."""
+    try:
+        lock = read_lock(root)
+    except LockError:  # locked mode has refused it already; unlocked, it only loses the drift report
+        lock = None
+
+    def on_drift(server: str, expected: str, observed: str) -> None:
+        log.warning("MCP server %s: tool catalog drifted from corral.lock (%s -> %s)%s",
+                    server, expected, observed, "; its tools are refused" if locked else "")
+        hub.publish_global("mcp.catalog_drift", {"server": server, "expected": expected,
+                                                 "observed": observed, "refused": locked})
+
+    return MCPConnections(expected=lock.mcp_catalogs if lock else None, locked=locked, on_drift=on_drift)
 
 
 async def _reload_on_sighup(swapper: Swapper) -> None:

@@ -42,6 +42,7 @@ async def watch(root: Path, reload: Callable[[str], Awaitable[object]],
         async for changes in watcher:
             log.debug("%d change(s) under %s", len(changes), root)
             await reload("watch")
+        tg.cancel_scope.cancel()
 
 
 async def _stop_when_cancelled(stop: anyio.Event) -> None:

@@ -48,14 +48,14 @@ values = st.recursive(
 def _reference(value: Any) -> bytes | str:
     try:
         return rfc8785.dumps(thaw(value))
-    except rfc8785.CanonicalizationError as exc:
+    except (rfc8785.CanonicalizationError, UnicodeEncodeError) as exc:  # the latter: surrogate keys
         return type(exc).__name__
 
 
 def _ours(value: Any) -> bytes | str:
     try:
         return canonical_json(value)
-    except rfc8785.CanonicalizationError as exc:
+    except (rfc8785.CanonicalizationError, UnicodeEncodeError) as exc:
         return type(exc).__name__
 
 
@@ -152,7 +152,7 @@ def test_common_schemas_take_the_fast_path() -> None:
 
 # --- YAML plain scalars -----------------------------------------------------------
 
-scalar_text = st.text("tTfFnNyYoO~01.-+_:eE xa<=!&*", min_size=0, max_size=8)
+scalar_text = st.text("tTfFnNyYoO~01.-+_:eE xa<=&*", min_size=0, max_size=8)  # no `!`: tags
 
 
 def _json_like(value: Any) -> bool:
@@ -165,8 +165,8 @@ def _json_like(value: Any) -> bool:
 @given(scalar_text, st.sampled_from(["k: {}\n", "- {}\n", "k: [{}]\n", "{{a: {}}}\n"]))
 def test_plain_scalars_resolve_as_pyyaml(text: str, template: str) -> None:
     source = template.format(text)
-    try:
-        expected = yaml.safe_load(source)
+    try:  # libyaml's parser, as Corral's; PyYAML's resolver and constructor, as Corral's slow path
+        expected = yaml.load(source, Loader=yaml.CSafeLoader)
     except yaml.YAMLError:
         return
     if not all(_json_like(v) for v in _leaves(expected)):  # Corral keeps timestamps as text

@@ -263,16 +263,18 @@ async def test_turns_in_flight_through_ten_swaps_complete_on_the_digest_they_sta
                     async with anyio.create_task_group() as tg:
                         for conversation_id in ids:
                             tg.start_soon(converse, conversation_id)
-                        await hold.all_arrived.wait()
+                        T=time.monotonic(); await hold.all_arrived.wait(); print('arrived', time.monotonic()-T)
                         for i in range(1, SWAPS + 1):
                             write_atomic(defs / "load.yaml", load_yaml(f"s{i}", port))
                             reports.append((await client.post("/v1/definitions/reload")).json())
                             if i == SWAPS // 2:
                                 hold.released.set()  # the held turns end while the next swaps happen
-                        stop.set()
+                        stop.set(); print('swapped', time.monotonic()-T)
                     announced = {cid: await started_digests(client, cid, results[cid][-1]["turn_id"])
                                  for cid in ids}
+                    print('done', time.monotonic()-T, sum(map(len, results.values())))
                     stored = {cid: await turns(client, cid) for cid in ids}
+        print('verified', time.monotonic()-T)
         endpoint.cancel_scope.cancel()
 
     assert [r["status"] for r in reports] == ["applied"] * SWAPS

@@ -17,8 +17,8 @@ from ..errors import CorralError
 from ..mcp_server import AgentsMCP
 from ..service import open_service
 from ..settings import Settings
-from . import agents, conversations, deployments, openai_compat, permissions
-from .guards import ApiKeys, BodyLimit
+from . import agents, conversations, deployments, openai_compat, openapi, permissions
+from .guards import ApiKeys, BodyLimit, RequestIds
 from .http import corral_error_handler, http_error_handler, internal_error_handler
 from .mcp_mount import mcp_route
 
@@ -61,10 +61,12 @@ def create_app(settings: Settings) -> Starlette:
         *agents.routes,
         *conversations.routes,
         *permissions.routes,
+        *openapi.routes,
         *openai_compat.routes,
         mcp,
     ]
     middleware = [
+        Middleware(RequestIds),
         Middleware(ApiKeys, keys=settings.keys),
         Middleware(BodyLimit, limit=settings.max_body_bytes),
     ]

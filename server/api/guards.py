@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import hmac
 import json
+import re
+import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..logs import request_id
+
 OPEN_PATHS = frozenset({"/healthz"})
+_REQUEST_ID = re.compile(rb"^[A-Za-z0-9._-]{1,64}$")
 
 
 async def _reject(send: Send, status: int, code: str, message: str, headers=()) -> None:
-    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+    body = json.dumps({"error": {"code": code, "message": message, "request_id": request_id.get()}}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode()), *headers]})
@@ -90,3 +95,27 @@ class BodyLimit:
 
 class _TooLarge(Exception):
     pass
+
+
+class RequestIds:
+    """Give every request an id (the client's X-Request-ID when sane), echoed in the response."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        given = dict(scope["headers"]).get(b"x-request-id", b"")
+        rid = given.decode() if _REQUEST_ID.match(given) else "req_" + uuid.uuid4().hex[:20]
+        token = request_id.set(rid)
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode())]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            request_id.reset(token)

@@ -15,13 +15,14 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ..clock import iso  # noqa: F401  (re-exported for the routes)
 from ..errors import CorralError, RequestError
+from ..logs import request_id
 
 log = logging.getLogger("corral.http")
 Body = TypeVar("Body", bound=BaseModel)
 
 
 def error_response(exc: CorralError) -> JSONResponse:
-    return JSONResponse(exc.envelope(), status_code=exc.http_status)
+    return JSONResponse(exc.envelope(request_id.get()), status_code=exc.http_status)
 
 
 async def corral_error_handler(request: Request, exc: Exception) -> Response:
@@ -33,8 +34,8 @@ async def http_error_handler(request: Request, exc: Exception) -> Response:
     """Starlette's own 404/405 in our envelope."""
     assert isinstance(exc, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
-    return JSONResponse({"error": {"code": code, "message": str(exc.detail)}}, status_code=exc.status_code,
-                        headers=exc.headers)
+    body = {"error": {"code": code, "message": str(exc.detail), "request_id": request_id.get()}}
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
 
 async def internal_error_handler(request: Request, exc: Exception) -> Response:

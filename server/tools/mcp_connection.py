@@ -183,7 +183,8 @@ class Connection:
                 target: Any = streamable_http_client(str(self.server.url), http_client=http)
             else:
                 target = self._stdio()
-            client = Client(target, mode="legacy", read_timeout_seconds=self.timeout, client_info=info)
+            # The client's default covers the handshake; calls and listings carry the shorter `timeout_s`.
+            client = Client(target, mode="legacy", read_timeout_seconds=self.start_timeout, client_info=info)
             yield await stack.enter_async_context(client)
 
     def _stdio(self) -> StdioServerParameters:

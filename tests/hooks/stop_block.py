@@ -1,0 +1,17 @@
+#!/usr/bin/env python3
+"""Stop hook: the first time, make the agent go on and run the tests; then let it stop.
+
+Remembers that it blocked with a marker file in $STOP_MARKER_DIR.
+"""
+
+import json
+import os
+import pathlib
+import sys
+
+data = json.load(sys.stdin)
+marker = pathlib.Path(os.environ["STOP_MARKER_DIR"]) / f"blocked-{data['session_id']}"
+if data.get("stop_hook_active") or marker.exists():
+    sys.exit(0)
+marker.touch()
+print(json.dumps({"decision": "block", "reason": "Run the tests before you finish."}))
