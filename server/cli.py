@@ -17,7 +17,7 @@ from . import documents
 from .compiler import Compiler
 from .definitions import DefinitionSet
 from .errors import CorralError, DefinitionsInvalid
-from .lockfile import LOCK_FILE, Lock, LockError, drift, read_lock, write_lock
+from .lockfile import LOCK_FILE, Lock, LockError, catalog_drift, drift, read_lock, write_lock
 
 DEFAULT_DIR = "definitions"
 
@@ -63,15 +63,20 @@ def cmd_lock(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 1
         locked = None
-    current = Lock.of(definitions, locked.mcp_catalogs if locked else None)
-    if not args.check:
-        path = write_lock(root, current)
-        print(f"wrote {path} ({len(current.definitions)} definitions, set {current.digest})")
-        return 0
-    if locked is None:
+    if args.check and locked is None:
         print(f"error: no {LOCK_FILE} in {root}; run `corral lock {args.dir}` first", file=sys.stderr)
         return 1
-    changes = drift(locked, current)
+    catalogs = _mcp_catalogs(definitions, locked, args)
+    if catalogs is None:
+        return 1
+    current = Lock.of(definitions, catalogs)
+    if not args.check:
+        path = write_lock(root, current)
+        print(f"wrote {path} ({len(current.definitions)} definitions, {len(current.mcp_catalogs)} MCP "
+              f"catalogs, set {current.digest})")
+        return 0
+    assert locked is not None
+    changes = drift(locked, current) + catalog_drift(locked, current)
     if not changes and locked.digest == current.digest:
         print(f"ok: matches {LOCK_FILE} (set {current.digest})")
         return 0
@@ -79,6 +84,30 @@ def cmd_lock(args: argparse.Namespace) -> int:
     for change in changes:
         print(f"  {change}")
     return 1
+
+
+def _mcp_catalogs(definitions: DefinitionSet, locked: Lock | None, args: argparse.Namespace) -> dict | None:
+    """The catalog digests to lock (or check): observed from each MCP server, else the locked ones.
+
+    `--check` observes only when the lock has catalogs; `--skip-mcp` never
+    observes and keeps the locked digests of servers still defined. None when
+    a server could not be reached (the errors are printed).
+    """
+    old = dict(locked.mcp_catalogs) if locked else {}
+    servers = definitions.of_kind("MCPServer")
+    if args.skip_mcp or not servers or (args.check and not old):
+        return old if args.check else {s.name: old[s.name] for s in servers if s.name in old}
+    import anyio
+
+    from .tools.mcp import CatalogsUnavailable, observe_catalogs
+
+    try:
+        return anyio.run(observe_catalogs, definitions)
+    except CatalogsUnavailable as exc:
+        for name, error in sorted(exc.failures.items()):
+            print(f"error: mcp/{name}: {error}", file=sys.stderr)
+        print("(pass --skip-mcp to lock without asking the MCP servers for their catalogs)", file=sys.stderr)
+        return None
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -108,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     verbs.choices["digest"].add_argument("--json", action="store_true", help="print JSON")
     verbs.choices["lock"].add_argument(
         "--check", action="store_true", help="exit 1 and print a diff when the set drifts from the lock"
+    )
+    verbs.choices["lock"].add_argument(
+        "--skip-mcp", action="store_true",
+        help="do not connect to MCP servers: keep the catalog digests already locked",
     )
     _add_runtime_verbs(verbs)
     return parser

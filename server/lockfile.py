@@ -84,9 +84,19 @@ class Drift:
 
 def drift(lock: Lock, current: Lock) -> list[Drift]:
     """What differs between the lock and the current set, sorted by ref."""
+    return _diff(lock.definitions, current.definitions)
+
+
+def catalog_drift(lock: Lock, current: Lock) -> list[Drift]:
+    """What differs between the locked and the observed MCP catalogs, as `mcp/SERVER` refs."""
+    return _diff({f"mcp/{k}": v for k, v in lock.mcp_catalogs.items()},
+                 {f"mcp/{k}": v for k, v in current.mcp_catalogs.items()})
+
+
+def _diff(locked: dict[str, str], current: dict[str, str]) -> list[Drift]:
     out = []
-    for ref in sorted(set(lock.definitions) | set(current.definitions)):
-        old, new = lock.definitions.get(ref), current.definitions.get(ref)
+    for ref in sorted(set(locked) | set(current)):
+        old, new = locked.get(ref), current.get(ref)
         if old == new:
             continue
         change = "added" if old is None else "removed" if new is None else "changed"

@@ -97,12 +97,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return 2
         print(f"WARNING: serving {settings.host} WITHOUT authentication (--insecure)", file=sys.stderr)
     logs.configure(settings.log_level, settings.log_format)
+    app = create_app(settings)
     config = uvicorn.Config(
-        create_app(settings), host=settings.host, port=settings.port, log_config=None,
+        app, host=settings.host, port=settings.port, log_config=None,
         timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5, lifespan="on",
     )
-    uvicorn.Server(config).run()
+    _draining_server(config, app).run()
     return 0
+
+
+def _draining_server(config, app):
+    """uvicorn's server, telling Corral the moment SIGTERM/SIGINT arrives (not after connections close)."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            service = getattr(app.state, "service", None)
+            if service is not None:
+                service.begin_shutdown()
+            super().handle_exit(sig, frame)
+
+    return DrainingServer(config)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
@@ -50,6 +50,13 @@ class Service:
     swapper: Swapper
     permissions: PermissionBroker
     ready: bool = False
+    stopping: anyio.Event = field(default_factory=anyio.Event)
+
+    def begin_shutdown(self) -> None:
+        """SIGTERM: refuse new turns now; running ones get the grace period (see `_drain_on_stop`)."""
+        self.conversations.accepting = False
+        self.ready = False
+        self.stopping.set()
 
 
 def open_store(settings: Settings) -> Store:
@@ -72,10 +79,7 @@ async def open_service(settings: Settings) -> AsyncIterator[Service]:
     store = open_store(settings)
     await store.open()
     try:
-        recovered = await store.recover_interrupted(time.time())
-        for turn in recovered:
-            log.warning("turn %s of conversation %s was interrupted by a restart",
-                        turn.id, turn.conversation_id)
+        await _recover(store)
         hub, metrics = EventHub(), Metrics()
         registry = Registry(definitions, store)
         await registry.persist(definitions)
@@ -98,6 +102,7 @@ async def open_service(settings: Settings) -> AsyncIterator[Service]:
                     tg.start_soon(watch, compiler.root, swapper.reload)
                 if threading.current_thread() is threading.main_thread():
                     tg.start_soon(_reload_on_sighup, swapper)
+                tg.start_soon(_drain_on_stop, service)
                 service.ready = True
                 try:
                     yield service
@@ -132,3 +137,19 @@ async def _reload_on_sighup(swapper: Swapper) -> None:
     with anyio.open_signal_receiver(signal.SIGHUP) as signals:
         async for _ in signals:
             await swapper.reload("sighup")
+
+
+async def _recover(store: Store) -> None:
+    """Turns a crash cut off become failed/interrupted, with the event a replay expects."""
+    now = time.time()
+    for turn in await store.recover_interrupted(now):
+        log.warning("turn %s of conversation %s was interrupted by a restart", turn.id, turn.conversation_id)
+        error = turn.error or {"code": "interrupted", "message": "the server stopped during this turn"}
+        data = {"turn_id": turn.id, "error": error}
+        await store.append_event(turn.conversation_id, "turn.failed", data, now)
+
+
+async def _drain_on_stop(service: Service) -> None:
+    await service.stopping.wait()
+    await service.conversations.drain(service.settings.shutdown_grace_s)
+    service.hub.close_all()  # SSE streams end, so the HTTP server's own graceful wait can finish

@@ -171,6 +171,8 @@ def test_plain_scalars_resolve_as_pyyaml(text: str, template: str) -> None:
         return
     if not all(_json_like(v) for v in _leaves(expected)):  # Corral keeps timestamps as text
         return
+    if not _string_keys(expected):  # Corral keeps keys as their text
+        return
     [doc] = parse_yaml(source)
     assert _typed(doc.data) == _typed(expected)
 
@@ -192,6 +194,14 @@ def test_keys_are_their_source_text(text: str) -> None:
         assert events[3].value == "<<"
         return
     assert list(doc.data) == [events[3].value]
+
+
+def _string_keys(value: Any) -> bool:
+    if isinstance(value, dict):
+        return all(type(k) is str and _string_keys(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_string_keys(v) for v in value)
+    return True
 
 
 def _leaves(value: Any) -> list[Any]:

@@ -266,15 +266,13 @@ async def test_turns_in_flight_through_ten_swaps_complete_on_the_digest_they_sta
                         T=time.monotonic(); await hold.all_arrived.wait(); print('arrived', time.monotonic()-T)
                         for i in range(1, SWAPS + 1):
                             write_atomic(defs / "load.yaml", load_yaml(f"s{i}", port))
-                            reports.append((await client.post("/v1/definitions/reload")).json())
+                            reports.append((await client.post("/v1/definitions/reload")).json()); print(i, time.monotonic()-T, sum(map(len, results.values())))
                             if i == SWAPS // 2:
                                 hold.released.set()  # the held turns end while the next swaps happen
-                        stop.set(); print('swapped', time.monotonic()-T)
+                        stop.set()
                     announced = {cid: await started_digests(client, cid, results[cid][-1]["turn_id"])
                                  for cid in ids}
-                    print('done', time.monotonic()-T, sum(map(len, results.values())))
                     stored = {cid: await turns(client, cid) for cid in ids}
-        print('verified', time.monotonic()-T)
         endpoint.cancel_scope.cancel()
 
     assert [r["status"] for r in reports] == ["applied"] * SWAPS

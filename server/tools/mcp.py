@@ -42,8 +42,9 @@ class MCPTool:
         self.connection = connection
         self.tool = tool.name
         server = connection.server
-        self.spec = ToolSpec(tool_name(server.name, tool.name), tool.description or f"{tool.name} ({server.name})",
-                             freeze(dict(tool.input_schema or {"type": "object"})))
+        description = tool.description or f"{tool.name} (MCP server {server.name})"
+        schema = freeze(dict(tool.input_schema or {"type": "object"}))
+        self.spec = ToolSpec(tool_name(server.name, tool.name), description, schema)
 
     async def call(self, arguments: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
         return await self.connection.call(self.tool, arguments)
@@ -93,7 +94,8 @@ class MCPConnections:
 
     # --- MCPToolSource -------------------------------------------------------
 
-    async def tools(self, server: MCPServerDefinition, root: Path, only: str | None = None) -> Sequence[ToolPort]:
+    async def tools(self, server: MCPServerDefinition, root: Path,
+                    only: str | None = None) -> Sequence[ToolPort]:
         connection = self._connection(server, root)
         try:
             catalog = await connection.refresh()
@@ -165,7 +167,8 @@ class CatalogsUnavailable(Exception):
         super().__init__("; ".join(f"{name}: {error}" for name, error in sorted(self.failures.items())))
 
 
-async def observe_catalogs(definitions: DefinitionSet, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+async def observe_catalogs(definitions: DefinitionSet,
+                           environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Connect to every MCPServer of `definitions` once: server name -> catalog digest.
 
     Each connection is bounded by its server's time-outs; any server that

@@ -196,7 +196,8 @@ class Connection:
 
         env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
         env.update({k: resolve_secrets(v, self.environ) for k, v in server.env.items()})
-        return StdioServerParameters(command=resolve(str(server.command)), args=[resolve(a) for a in server.args],
+        return StdioServerParameters(command=resolve(str(server.command)),
+                                     args=[resolve(a) for a in server.args],
                                      env=env, cwd=self.root / server.cwd if server.cwd else self.root)
 
     # --- requests ------------------------------------------------------------

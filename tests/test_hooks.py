@@ -1,0 +1,434 @@
+"""Hooks against real hook scripts (tests/hooks/, written as for Claude Code) and a real loopback
+HTTP server.
+
+Every hook is compiled from YAML by the real compiler, so `files` resolution, event aliases,
+matcher normalization and `on_error` defaults are the product's own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+import yaml
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from server.compiler import Compiler
+from server.definitions import HookDefinition
+from server.errors import DefinitionsInvalid
+from server.hooks import Hooks, Verdict
+from tests.fakes.uvicorn_thread import serve
+
+PY = sys.executable
+SCRIPTS = Path(__file__).parent / "hooks"
+SECRET = "s3cret-hook-token-9f8e7d"
+BASE = {"session_id": "conv_1", "cwd": "/srv/project",
+        "corral": {"agent": "coder", "digest": "sha256:abc", "turn_id": "turn_1"}}
+BASH = {"tool_name": "Bash", "tool_input": {"command": "ls -la"}, "tool_use_id": "toolu_1"}
+
+
+def script(name: str, *args: str) -> list[str]:
+    return [PY, f"hooks/{name}.py", *args]
+
+
+def compile_hooks(root: Path, *specs: dict[str, Any]) -> tuple[list[HookDefinition], Path]:
+    """Write the hook scripts and one YAML file of Hook documents under `root`; compile them."""
+    shutil.copytree(SCRIPTS, root / "hooks", ignore=shutil.ignore_patterns("__pycache__"))
+    documents = [{"kind": "Hook", "name": f"h{i}", **spec} for i, spec in enumerate(specs)]
+    (root / "hooks.yaml").write_text(yaml.safe_dump_all(documents, sort_keys=False))
+    compiler = Compiler(root)
+    try:
+        compiled = compiler.compile()
+    except DefinitionsInvalid as exc:
+        raise AssertionError("\n".join(map(str, exc.errors))) from None
+    hooks = [compiled.get("Hook", doc["name"]) for doc in documents]
+    assert all(isinstance(hook, HookDefinition) for hook in hooks)
+    return hooks, compiler.root  # type: ignore[return-value]
+
+
+async def run_hooks(root: Path, specs: list[dict[str, Any]], event: str, payload: dict[str, Any],
+                    environ: dict[str, str] | None = None, bound: float = 15) -> Verdict:
+    definitions, root = compile_hooks(root, *specs)
+    async with httpx.AsyncClient() as http:
+        hooks = Hooks(definitions, root=root, http=http, environ=environ or {}, base=BASE)
+        with anyio.fail_after(bound):
+            return await hooks.run(event, payload)
+
+
+def bash(command: str) -> dict[str, Any]:
+    return {**BASH, "tool_input": {"command": command}}
+
+
+# --- command hooks -------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("command", ["rm -rf /", "cd /tmp && rm -fr build", "rm -r -f ~"])
+async def test_exit_2_denies_with_stderr_as_the_reason(tmp_path: Path, command: str) -> None:
+    hook = {"event": "pre_tool_use", "matcher": "Bash", "command": script("block_rm")}
+    verdict = await run_hooks(tmp_path, [hook], "pre_tool_use", bash(command))
+    assert verdict == Verdict("deny", f"Blocked: `{command}` deletes recursively; remove files one by one.")
+
+
+@pytest.mark.anyio
+async def test_exit_0_without_output_allows(tmp_path: Path) -> None:
+    hook = {"event": "pre_tool_use", "matcher": "Bash", "command": script("block_rm")}
+    assert await run_hooks(tmp_path, [hook], "pre_tool_use", bash("rm notes.txt")) == Verdict()
+
+
+@pytest.mark.anyio
+async def test_updated_input_rewrites_the_arguments(tmp_path: Path) -> None:
+    hook = {"event": "pre_tool_use", "command": script("rewrite", "command", "ls")}
+    verdict = await run_hooks(tmp_path, [hook], "pre_tool_use", bash("ls -la"))
+    assert verdict == Verdict("allow", "command rewritten", updated_input={"command": "ls"})
+
+
+@pytest.mark.anyio
+async def test_additional_context_for_a_prompt(tmp_path: Path) -> None:
+    hooks = [{"event": "UserPromptSubmit", "command": script("add_context")},
+             {"event": "user_prompt_submit", "command": script("say", "Plain text is context too.")}]
+    verdict = await run_hooks(tmp_path, hooks, "user_prompt_submit", {"prompt": "fix the bug"})
+    assert verdict == Verdict(context=("Sprint 42 is in progress (prompt was 11 chars).",
+                                       "Plain text is context too."))
+
+
+@pytest.mark.anyio
+async def test_plain_text_is_ignored_for_tool_events(tmp_path: Path) -> None:
+    hook = {"event": "pre_tool_use", "command": script("say", "checked, looks fine")}
+    assert await run_hooks(tmp_path, [hook], "pre_tool_use", BASH) == Verdict()
+
+
+@pytest.mark.anyio
+async def test_command_hook_gets_the_payload_the_project_dir_and_cwd(tmp_path: Path) -> None:
+    seen = tmp_path / "seen.json"
+    hook = {"event": "post_tool_use", "command": script("record", str(seen))}
+    payload = {**BASH, "tool_response": {"stdout": "total 0", "exit_code": 0}}
+    assert await run_hooks(tmp_path / "defs", [hook], "post_tool_use", payload) == Verdict()
+    root = str((tmp_path / "defs").resolve())
+    assert json.loads(seen.read_text()) == {
+        "stdin": {**BASE, "hook_event_name": "PostToolUse", **payload},
+        "cwd": root, "CORRAL_PROJECT_DIR": root, "CLAUDE_PROJECT_DIR": root,
+    }
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a killed process whose reaper is slow lingers as a zombie: that counts as gone
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+async def wait_until(condition: Callable[[], bool], bound: float = 5) -> None:
+    with anyio.fail_after(bound):
+        while not condition():
+            await anyio.sleep(0.02)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("on_error", "expected"), [
+    (None, Verdict("deny", "hook h0 timed out after 1s")),  # the default for pre_tool_use
+    ("allow", Verdict()),
+])
+async def test_a_hanging_hook_is_killed_and_follows_on_error(
+        tmp_path: Path, on_error: str | None, expected: Verdict) -> None:
+    pidfile = tmp_path / "hang.pid"
+    hook = {"event": "pre_tool_use", "command": script("hang"), "timeout_s": 1}
+    if on_error:
+        hook["on_error"] = on_error
+    verdict = await run_hooks(tmp_path / "defs", [hook], "pre_tool_use", BASH,
+                              environ={"HANG_PIDFILE": str(pidfile)})
+    assert verdict == expected
+    pid = int(pidfile.read_text())
+    await wait_until(lambda: not alive(pid))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("event", "payload", "expected"), [
+    ("pre_tool_use", BASH, Verdict("deny", "hook h0 failed (exit code 1)")),
+    ("user_prompt_submit", {"prompt": "hi"}, Verdict("deny", "hook h0 failed (exit code 1)")),
+    ("post_tool_use", {**BASH, "tool_response": "ok"}, Verdict()),  # on_error defaults to allow
+    ("stop", {}, Verdict()),
+])
+async def test_a_crashing_hook_follows_on_error(tmp_path: Path, event: str, payload: dict,
+                                                expected: Verdict) -> None:
+    hook = {"event": event, "command": script("crash")}
+    assert await run_hooks(tmp_path, [hook], event, payload) == expected
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("argv", "reason"), [
+    (["./no-such-hook"], "hook h0 could not start: program not found: ./no-such-hook"),
+    (script("say", "{not json"), "hook h0 printed invalid JSON"),
+    (script("say", '{"hookSpecificOutput": {"permissionDecision": "maybe"}}'),
+     "hook h0: unknown permissionDecision 'maybe'"),
+    (script("say", '{"decision": "block", "reason": "no"}', "3"), "hook h0 failed (exit code 3)"),
+])
+async def test_hooks_that_cannot_be_read_follow_on_error(tmp_path: Path, argv: list[str],
+                                                        reason: str) -> None:
+    specs = [{"event": "pre_tool_use", "command": argv},
+             {"event": "pre_tool_use", "command": argv, "on_error": "allow"}]
+    definitions, root = compile_hooks(tmp_path, *specs)
+    async with httpx.AsyncClient() as http:
+        deny, allow = (Hooks([d], root=root, http=http, environ={}, base=BASE) for d in definitions)
+        with anyio.fail_after(15):
+            assert await deny.run("pre_tool_use", BASH) == Verdict("deny", reason)
+            assert await allow.run("pre_tool_use", BASH) == Verdict()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("event", "answer", "expected"), [
+    ("post_tool_use", {"decision": "block", "reason": "output has a password"},
+     Verdict("deny", "output has a password")),
+    ("pre_tool_use", {"decision": "approve", "reason": "safe"}, Verdict("allow", "safe")),
+    ("pre_tool_use", {"continue": False, "stopReason": "budget spent"}, Verdict("deny", "budget spent")),
+    ("pre_tool_use", {"decision": "block"}, Verdict("deny", "blocked by hook h0")),
+    ("pre_tool_use", {"hookSpecificOutput": {"permissionDecision": "deny"}, "decision": "approve"},
+     Verdict("deny", "blocked by hook h0")),
+    ("post_tool_use", {"hookSpecificOutput": {"hookEventName": "PostToolUse", "additionalContext": "lint ok"}},
+     Verdict(context=("lint ok",))),
+])
+async def test_json_answers(tmp_path: Path, event: str, answer: dict, expected: Verdict) -> None:
+    hook = {"event": event, "command": script("say", json.dumps(answer))}
+    assert await run_hooks(tmp_path, [hook], event, {**BASH, "tool_response": "x"}) == expected
+
+
+@pytest.mark.anyio
+async def test_stop_hook_makes_the_agent_continue_once(tmp_path: Path) -> None:
+    definitions, root = compile_hooks(tmp_path / "defs", {"event": "Stop", "command": script("stop_block")})
+    environ = {"STOP_MARKER_DIR": str(tmp_path)}
+    async with httpx.AsyncClient() as http:
+        hooks = Hooks(definitions, root=root, http=http, environ=environ, base=BASE)
+        with anyio.fail_after(15):
+            first = await hooks.run("stop", {"stop_hook_active": False})
+            second = await hooks.run("Stop", {"stop_hook_active": False})
+    reason = "Run the tests before you finish."
+    assert first == Verdict("deny", reason, stop_continue=reason)
+    assert second == Verdict()
+
+
+@pytest.mark.anyio
+async def test_continue_false_overrides_a_stop_block(tmp_path: Path) -> None:
+    hooks = [{"event": "stop", "command": script("stop_block")},
+             {"event": "stop", "command": script("say", '{"continue": false, "stopReason": "enough"}')}]
+    verdict = await run_hooks(tmp_path / "defs", hooks, "stop", {}, environ={"STOP_MARKER_DIR": str(tmp_path)})
+    assert verdict == Verdict("deny", "Run the tests before you finish.\nenough")
+    assert verdict.stop_continue is None
+
+
+# --- several hooks -------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_deny_beats_ask_beats_allow(tmp_path: Path) -> None:
+    rewrite = {"event": "pre_tool_use", "command": script("rewrite", "command", "rm -rf /tmp/x")}
+    ask = {"event": "pre_tool_use", "command": script("ask")}
+    block = {"event": "pre_tool_use", "command": script("block_rm")}
+    rm = bash("rm -rf /")
+    assert await run_hooks(tmp_path / "1", [rewrite, ask, block], "pre_tool_use", rm) == Verdict(
+        "deny", "Blocked: `rm -rf /` deletes recursively; remove files one by one.",
+        updated_input={"command": "rm -rf /tmp/x"})
+    assert await run_hooks(tmp_path / "2", [rewrite, ask, block], "pre_tool_use", bash("ls")) == Verdict(
+        "ask", "Bash needs a human", updated_input={"command": "rm -rf /tmp/x"})
+
+
+@pytest.mark.anyio
+async def test_reasons_of_the_winning_decision_are_joined_in_declared_order(tmp_path: Path) -> None:
+    hooks = [{"event": "pre_tool_use", "command": script("say", "first reason", "2")},
+             {"event": "pre_tool_use", "command": script("ask")},
+             {"event": "pre_tool_use", "command": script("say", "second reason", "2")}]
+    verdict = await run_hooks(tmp_path, hooks, "pre_tool_use", BASH)
+    assert verdict == Verdict("deny", "first reason\nsecond reason")
+
+
+@pytest.mark.anyio
+async def test_updated_inputs_apply_in_declared_order(tmp_path: Path) -> None:
+    hooks = [{"event": "pre_tool_use", "command": script("rewrite", "command", "first")},
+             {"event": "pre_tool_use", "command": script("rewrite", "timeout", "30")},
+             {"event": "pre_tool_use", "command": script("rewrite", "command", "second")}]
+    verdict = await run_hooks(tmp_path, hooks, "pre_tool_use", BASH)
+    assert verdict.updated_input == {"command": "second", "timeout": "30"}
+    assert verdict.reason == "command rewritten\ntimeout rewritten\ncommand rewritten"
+
+
+@pytest.mark.anyio
+async def test_matching_hooks_run_concurrently(tmp_path: Path) -> None:
+    # Each waits until the other has started: run one after the other, the first would fail.
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    hooks = [{"event": "pre_tool_use", "command": script("barrier", str(barrier), "a", "b")},
+             {"event": "pre_tool_use", "command": script("barrier", str(barrier), "b", "a")}]
+    assert await run_hooks(tmp_path / "defs", hooks, "pre_tool_use", BASH) == Verdict()
+
+
+# --- matching ------------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_matcher_rules(tmp_path: Path) -> None:
+    say = script("say", "")
+    specs = [{"event": "pre_tool_use", "matcher": "", "command": say},
+             {"event": "PreToolUse", "matcher": "*", "command": say},
+             {"event": "pre_tool_use", "matcher": "Bash|Edit", "command": say},
+             {"event": "pre_tool_use", "matcher": "mcp__.*", "command": say},
+             {"event": "post_tool_use", "matcher": "fixture__.*", "command": say},
+             {"event": "user_prompt_submit", "matcher": "Bash", "command": say}]
+    definitions, root = compile_hooks(tmp_path, *specs)
+    assert [d.matcher for d in definitions][:2] == ["", ""]
+    assert definitions[1].event == "pre_tool_use"
+    async with httpx.AsyncClient() as http:
+        hooks = Hooks(definitions, root=root, http=http, environ={}, base=BASE)
+
+    def names(event: str, tool: str | None = None) -> list[str]:
+        return [hook.name for hook in hooks.matching(event, tool)]
+
+    assert names("pre_tool_use", "Bash") == ["h0", "h1", "h2"]
+    assert names("PreToolUse", "Edit") == ["h0", "h1", "h2"]
+    assert names("pre_tool_use", "BashOutput") == ["h0", "h1"]  # whole names only
+    assert names("pre_tool_use", "mcp__github__search") == ["h0", "h1", "h3"]
+    assert names("post_tool_use", "fixture__echo") == ["h4"]
+    assert names("post_tool_use", "my_fixture__echo") == []
+    assert names("user_prompt_submit") == ["h5"]  # matchers apply to tool events only
+    assert names("stop") == []
+    with pytest.raises(ValueError, match="unknown hook event"):
+        hooks.matching("post_tool")
+
+
+@pytest.mark.anyio
+async def test_tool_name_is_taken_from_the_payload(tmp_path: Path) -> None:
+    hook = {"event": "pre_tool_use", "matcher": "Edit", "command": script("say", "no", "2")}
+    assert await run_hooks(tmp_path / "1", [hook], "pre_tool_use", BASH) == Verdict()
+    edit = {**BASH, "tool_name": "Edit"}
+    assert await run_hooks(tmp_path / "2", [hook], "pre_tool_use", edit) == Verdict("deny", "no")
+
+
+@contextmanager
+def refusing_port() -> Iterator[int]:
+    """A loopback port that is bound but not listening, so connecting is refused."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
+
+
+# --- HTTP hooks ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Receiver:
+    """A loopback hook endpoint: records each request, answers from HTTP_ANSWERS by path."""
+
+    url: str = ""
+    received: list[tuple[str, dict[str, str], Any]] = field(default_factory=list)
+
+
+HTTP_ANSWERS: dict[str, Callable[[], Response]] = {
+    "/deny": lambda: JSONResponse({"hookSpecificOutput": {
+        "hookEventName": "PreToolUse", "permissionDecision": "deny",
+        "permissionDecisionReason": "policy says no"}}),
+    "/empty": lambda: Response(b"", status_code=200),
+    "/context": lambda: Response(b"from the web", status_code=200),
+    "/fail": lambda: Response(b"internal error", status_code=500),
+    "/huge": lambda: Response(b"x" * (300 * 1024), status_code=200),
+}
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    rec = Receiver()
+
+    async def endpoint(request: Request) -> Response:
+        body = await request.body()
+        rec.received.append((request.url.path, dict(request.headers), json.loads(body)))
+        if request.url.path == "/slow":
+            await anyio.sleep_forever()
+        return HTTP_ANSWERS[request.url.path]()
+
+    app = Starlette(routes=[Route("/{path}", endpoint, methods=["POST"])])
+    with serve(app, graceful_s=0.5) as url:
+        rec.url = url
+        yield rec
+
+
+@pytest.mark.anyio
+async def test_http_hook_gets_the_exact_payload_and_can_deny(tmp_path: Path, receiver: Receiver) -> None:
+    hook = {"event": "PreToolUse", "matcher": "Bash", "http": {
+        "url": f"{receiver.url}/deny", "headers": {"Authorization": "Bearer ${HOOK_TOKEN}"}}}
+    verdict = await run_hooks(tmp_path, [hook], "pre_tool_use", BASH, environ={"HOOK_TOKEN": SECRET})
+    assert verdict == Verdict("deny", "policy says no")
+    [(_, headers, body)] = receiver.received
+    assert body == {
+        "session_id": "conv_1", "cwd": "/srv/project",
+        "corral": {"agent": "coder", "digest": "sha256:abc", "turn_id": "turn_1"},
+        "hook_event_name": "PreToolUse",
+        "tool_name": "Bash", "tool_input": {"command": "ls -la"}, "tool_use_id": "toolu_1",
+    }
+    assert headers["authorization"] == f"Bearer {SECRET}"
+    assert headers["content-type"] == "application/json"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("path", "event", "expected"), [
+    ("/empty", "pre_tool_use", Verdict()),
+    ("/context", "session_start", Verdict(context=("from the web",))),
+    ("/fail", "pre_tool_use", Verdict("deny", "hook h0 answered HTTP 500")),
+    ("/fail", "post_tool_use", Verdict()),
+    ("/huge", "pre_tool_use", Verdict("deny", "hook h0 answered more than 262144 bytes")),
+    ("/slow", "user_prompt_submit", Verdict("deny", "hook h0 timed out after 1s")),
+])
+async def test_http_answers(tmp_path: Path, receiver: Receiver, path: str, event: str,
+                            expected: Verdict) -> None:
+    hook = {"event": event, "http": {"url": receiver.url + path}, "timeout_s": 1}
+    assert await run_hooks(tmp_path, [hook], event, {**BASH, "prompt": "p"}) == expected
+
+
+@pytest.mark.anyio
+async def test_http_failures_never_show_the_secret(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with refusing_port() as port:
+        hooks = [{"event": "pre_tool_use", "http": {
+                     "url": f"http://127.0.0.1:{port}/?t=x", "headers": {"X-Token": "${HOOK_TOKEN}"}}},
+                 {"event": "pre_tool_use", "http": {
+                     "url": f"http://127.0.0.1:{port}/", "headers": {"X-Token": "${UNSET_TOKEN}"}}}]
+        with caplog.at_level(logging.DEBUG, logger="corral.hooks"):
+            verdict = await run_hooks(tmp_path, hooks, "pre_tool_use", BASH, environ={"HOOK_TOKEN": SECRET})
+    assert verdict == Verdict("deny", "hook h0: request failed (ConnectError)\n"
+                                      "hook h1: environment variable UNSET_TOKEN is not set")
+    assert SECRET not in caplog.text
+    assert "hook h0 on pre_tool_use" in caplog.text
+
+
+@pytest.mark.anyio
+async def test_payloads_carry_no_secret_from_the_environment(
+        tmp_path: Path, receiver: Receiver, caplog: pytest.LogCaptureFixture) -> None:
+    seen = tmp_path / "seen.json"
+    hooks = [{"event": "pre_tool_use", "command": script("record", str(seen))},
+             {"event": "pre_tool_use", "http": {
+                 "url": f"{receiver.url}/empty", "headers": {"Authorization": "Bearer ${HOOK_TOKEN}"}}}]
+    environ = {"HOOK_TOKEN": SECRET, "OPENAI_API_KEY": SECRET + "-openai"}
+    with caplog.at_level(logging.DEBUG, logger="corral.hooks"):
+        verdict = await run_hooks(tmp_path / "defs", hooks, "pre_tool_use", BASH, environ=environ)
+    assert verdict == Verdict()
+    [(_, headers, body)] = receiver.received
+    assert headers["authorization"] == f"Bearer {SECRET}"  # the header is where the secret goes
+    assert SECRET not in json.dumps(body)
+    assert SECRET not in seen.read_text()
+    assert SECRET not in caplog.text
+    assert "hook h0 on pre_tool_use: allow" in caplog.text and "hook h1 on pre_tool_use: allow" in caplog.text
