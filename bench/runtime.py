@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import io
 import json
@@ -53,8 +54,9 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 CONCURRENCY = 50
 LATENCY_SAMPLES = 200
-REQUESTS = 1000  # per throughput run, direct and through Corral
+THROUGHPUT_S = 5.0  # each throughput run: as many calls as fit, then the ones in flight finish
 STREAMS = 1000
+STREAMS_PER_CLIENT = 50  # httpx's pool scans every connection per request: many small pools, not one
 LIVE_CHECKS = 20  # conversations that run a turn while every stream is open
 LATENCY_TARGET = 4.0  # x the direct call
 THROUGHPUT_TARGET = 0.5  # share of the direct throughput
@@ -98,19 +100,18 @@ def serve_fake() -> int:
     sock.listen(4096)  # connections wait in the backlog until uvicorn has started
     print(sock.getsockname()[1], flush=True)
     config = uvicorn.Config(_fake_app(), log_config=None, access_log=False, lifespan="off", backlog=4096)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):  # how `Proc.stop` ends it
         uvicorn.Server(config).run(sockets=[sock])
-    except KeyboardInterrupt:  # how `Proc.stop` ends it
-        pass
     return 0
 
 
 def serve_profiled(out: str, argv: list[str]) -> int:
-    """`--profiled-server OUT ARGV...`: run `corral ARGV` under cProfile, stats to OUT on exit."""
+    """`--profiled-server OUT ARGV...`: run `corral ARGV`, under cProfile from SIGUSR1 on; stats to OUT."""
     from server.cli import main as corral
 
     profiler = cProfile.Profile()
-    profiler.enable()
+    # start-up (imports, schemas) would drown the turns: the bench signals once it has warmed up
+    signal.signal(signal.SIGUSR1, lambda *_: profiler.enable())
     try:
         return corral(argv)
     finally:
@@ -123,6 +124,11 @@ class Proc:
     name: str
     popen: subprocess.Popen
     log: Path | None = None
+    profiled: bool = False
+
+    def start_profile(self) -> None:
+        if self.profiled:
+            self.popen.send_signal(signal.SIGUSR1)
 
     @property
     def pid(self) -> int:
@@ -207,7 +213,7 @@ def start_corral(definitions: Path, work: Path, profile_out: Path | None) -> tup
     env = _env(CORRAL_STATE_DIR=str(work / "state"), CORRAL_LOG_LEVEL="warning", BENCH_KEY="sk-bench")
     with log.open("w") as sink:
         popen = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
-    proc = Proc("corral", popen, log)
+    proc = Proc("corral", popen, log, profiled=profile_out is not None)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -293,16 +299,23 @@ async def latencies(calls: list[Callable[[], Awaitable[None]]]) -> list[float]:
     return samples
 
 
-async def concurrently(workers: list[Callable[[], Awaitable[None]]], per_worker: int) -> float:
-    """Each worker makes `per_worker` calls one after the other, all workers at once; wall seconds."""
+async def concurrently(workers: list[Callable[[], Awaitable[None]]], seconds: float) -> tuple[int, float]:
+    """All workers at once, each calling one after the other until `seconds` have passed.
+
+    Returns the calls made and the wall seconds until the last one ended.
+    """
+    start = time.perf_counter()
+    deadline = start + seconds
+    done = 0
 
     async def loop(call: Callable[[], Awaitable[None]]) -> None:
-        for _ in range(per_worker):
+        nonlocal done
+        while time.perf_counter() < deadline:
             await call()
+            done += 1
 
-    start = time.perf_counter()
     await asyncio.gather(*(loop(w) for w in workers))
-    return time.perf_counter() - start
+    return done, time.perf_counter() - start
 
 
 # --- the measures ------------------------------------------------------------------
@@ -338,10 +351,8 @@ async def measure_direct(fake_url: str, res: Results, fake: Proc) -> None:
         samples = await latencies([lambda: direct_stream(client)] * LATENCY_SAMPLES)
         res.values["direct_stream_p50"] = statistics.median(samples)
         meter = Meter(fake)
-        per_worker = REQUESTS // CONCURRENCY
-        wall = await concurrently([lambda: direct_call(client)] * CONCURRENCY, per_worker)
+        done, wall = await concurrently([lambda: direct_call(client)] * CONCURRENCY, THROUGHPUT_S)
         (fake_cpu,), client_cpu = meter.used()
-    done = per_worker * CONCURRENCY
     res.values["direct_rps"] = done / wall
     res.values["direct_fake_cpu"] = fake_cpu / done
     res.notes.append(f"direct throughput: {done} calls in {wall:.2f}s; CPU fake {fake_cpu:.2f}s, "
@@ -353,6 +364,7 @@ async def measure_turns(base: str, res: Results, corral: Proc, fake: Proc) -> No
         ids = await create_many(client, LATENCY_SAMPLES * 2 + 20)
         for conversation in ids[:20]:  # warm-up
             await corral_turn(client, conversation)
+        corral.start_profile()
         meter = Meter(corral, fake)
         samples = await latencies([_bind(corral_turn, client, c) for c in ids[20:20 + LATENCY_SAMPLES]])
         (server_cpu, fake_cpu), _ = meter.used()
@@ -364,16 +376,14 @@ async def measure_turns(base: str, res: Results, corral: Proc, fake: Proc) -> No
         res.values["turn_stream_p50"] = statistics.median(samples)
 
         ids = await create_many(client, CONCURRENCY)
-        per_worker = REQUESTS // CONCURRENCY
         meter = Meter(corral, fake)
-        wall = await concurrently([_bind(corral_turn, client, c) for c in ids], per_worker)
+        done, wall = await concurrently([_bind(corral_turn, client, c) for c in ids], THROUGHPUT_S)
         (server_cpu, fake_cpu), client_cpu = meter.used()
-    done = per_worker * CONCURRENCY
     res.values["turn_rps"] = done / wall
     res.values["cpu_conc"] = server_cpu / done
     res.values["fake_cpu_conc"] = fake_cpu / done
-    res.notes.append(f"corral throughput: {done} turns ({CONCURRENCY} conversations x {per_worker}) in "
-                     f"{wall:.2f}s; CPU corral {server_cpu:.2f}s, fake {fake_cpu:.2f}s, client {client_cpu:.2f}s")
+    res.notes.append(f"corral throughput: {done} turns ({CONCURRENCY} conversations) in {wall:.2f}s; "
+                     f"CPU corral {server_cpu:.2f}s, fake {fake_cpu:.2f}s, client {client_cpu:.2f}s")
 
 
 def _bind(fn: Callable[..., Awaitable[None]], *args: Any) -> Callable[[], Awaitable[None]]:
@@ -420,17 +430,20 @@ class StreamHolder:
 
 
 async def measure_streams(base: str, res: Results, corral: Proc) -> None:
-    async with _client(base, STREAMS + CONCURRENCY + 10) as client:
+    async with _client(base) as client, contextlib.AsyncExitStack() as stack:
         ids = await create_many(client, STREAMS)
-        holders = [StreamHolder(client, c) for c in ids]
+        pools = [await stack.enter_async_context(_client(base, STREAMS_PER_CLIENT + 5))
+                 for _ in range(0, STREAMS, STREAMS_PER_CLIENT)]
+        holders = [StreamHolder(pools[n // STREAMS_PER_CLIENT], c) for n, c in enumerate(ids)]
+        meter = Meter(corral)
         start = time.perf_counter()
         tasks = [asyncio.create_task(h.hold()) for h in holders]
         try:
             await asyncio.wait_for(asyncio.gather(*(h.opened.wait() for h in holders)), 60)
             res.values["streams_open_s"] = time.perf_counter() - start
-            ok = sum(h.status == 200 for h in holders)
+            (opening_cpu,), _ = meter.used()
+            res.values["streams_ok"] = sum(h.status == 200 for h in holders)
             await _wait_for(lambda: _is(_active_streams(client), STREAMS), 10)
-            res.values["streams_ok"] = ok
             res.values["streams_gauge"] = await _active_streams(client)
             res.values["streams_rss"] = corral.rss_mb()
             await _live_check(client, holders[:: STREAMS // LIVE_CHECKS][:LIVE_CHECKS], res)
@@ -439,10 +452,10 @@ async def measure_streams(base: str, res: Results, corral: Proc) -> None:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         closed = await _wait_for(lambda: _is(_active_streams(client), 0), 10)
-        res.values["streams_after"] = await _active_streams(client)
-        res.notes.append(f"{STREAMS} streams opened in {res.values['streams_open_s']:.2f}s; "
-                         f"corral_active_streams after closing: {res.values['streams_after']:g}"
-                         + ("" if closed else " (did not return to 0 within 10s)"))
+        after = await _active_streams(client)
+    res.notes.append(f"{STREAMS} streams opened in {res.values['streams_open_s']:.2f}s "
+                     f"({opening_cpu * 1000 / STREAMS:.2f} ms server CPU each); corral_active_streams after "
+                     f"closing: {after}" + ("" if closed else " (did not return to 0 within 10s)"))
 
 
 async def _is(value: Awaitable[int], expected: int) -> bool:
@@ -452,10 +465,8 @@ async def _is(value: Awaitable[int], expected: int) -> bool:
 async def _live_check(client: httpx.AsyncClient, holders: list[StreamHolder], res: Results) -> None:
     """A turn on a few of the conversations: their open streams must see it complete."""
     await asyncio.gather(*(corral_turn(client, h.conversation) for h in holders))
-    try:
+    with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(asyncio.gather(*(h.completed.wait() for h in holders)), 10)
-    except TimeoutError:
-        pass
     res.values["live_ok"] = sum(h.completed.is_set() for h in holders)
     res.values["live_total"] = len(holders)
 
@@ -484,6 +495,7 @@ def _ms(seconds: float) -> str:
 def rows(v: dict[str, float]) -> list[Row]:
     lat_ratio = v["turn_p50"] / v["direct_p50"]
     tput_ratio = v["turn_rps"] / v["direct_rps"]
+    per_stream_kb = (v["streams_rss"] - v["idle_rss"]) * 1024 / STREAMS
     return [
         Row("direct call p50 (non-streaming)", _ms(v["direct_p50"]), ratio="", target=""),
         Row("direct call p50 (streaming)", _ms(v["direct_stream_p50"])),
@@ -505,10 +517,10 @@ def rows(v: dict[str, float]) -> list[Row]:
             ok=v["idle_rss"] <= RSS_TARGET_MB),
         Row(f"SSE streams open ({STREAMS} held)", f"{v['streams_ok']:.0f} ok, gauge {v['streams_gauge']:.0f}",
             target=f"{STREAMS}", ok=v["streams_ok"] == STREAMS and v["streams_gauge"] == STREAMS),
-        Row(f"live turns seen on open streams", f"{v['live_ok']:.0f}/{v['live_total']:.0f}",
+        Row("live turns seen on open streams", f"{v['live_ok']:.0f}/{v['live_total']:.0f}",
             target="all", ok=v["live_ok"] == v["live_total"]),
-        Row(f"server RSS with {STREAMS} streams open", f"{v['streams_rss']:.1f} MB", f"{v['idle_rss']:.1f} MB",
-            f"+{(v['streams_rss'] - v['idle_rss']) * 1024 / STREAMS:.0f} kB/stream"),
+        Row(f"server RSS with {STREAMS} streams open", f"{v['streams_rss']:.1f} MB",
+            f"{v['idle_rss']:.1f} MB", f"+{per_stream_kb:.0f} kB/stream"),
     ]
 
 

@@ -80,7 +80,10 @@ def cmd_lock(args: argparse.Namespace) -> int:
     if not changes and locked.digest == current.digest:
         print(f"ok: matches {LOCK_FILE} (set {current.digest})")
         return 0
-    print(f"{LOCK_FILE} drift: set {locked.digest} -> {current.digest}")
+    if locked.digest == current.digest:
+        print(f"{LOCK_FILE} drift: MCP catalogs (set {current.digest} unchanged)")
+    else:
+        print(f"{LOCK_FILE} drift: set {locked.digest} -> {current.digest}")
     for change in changes:
         print(f"  {change}")
     return 1

@@ -232,9 +232,17 @@ class Conversations:
             # Expired: release the key so it can name a new turn (the store keeps keys unique).
             await self.store.update_turn(turn.id, idempotency_key=None)
             return None
-        done = Running(turn=turn)
+        # A streamed retry replays from here, not from the conversation's first event.
+        done = Running(turn=turn, started_seq=await self._started_seq(turn))
         done.done.set()
         return done
+
+    async def _started_seq(self, turn: TurnRecord) -> int:
+        """The seq of a stored turn's `turn.started` (a scan, but only idempotent retries need it)."""
+        async for event in self._replay(turn.conversation_id, 0):
+            if event.name == "turn.started" and event.data.get("turn_id") == turn.id:
+                return event.seq
+        return 0
 
     async def _run_turn(self, live: _Live, conversation: ConversationRecord, closure, running: Running,
                         task_status=anyio.TASK_STATUS_IGNORED) -> None:

@@ -15,6 +15,7 @@ import time
 from contextvars import ContextVar
 
 request_id: ContextVar[str | None] = ContextVar("request_id", default=None)
+QUIET_LOGGERS = ("httpx", "httpcore", "httpx2", "httpcore2")
 
 
 class _RequestIdFilter(logging.Filter):
@@ -52,3 +53,6 @@ def configure(level: str = "info", fmt: str = "text") -> None:
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
+    # HTTP clients log each request's full URL, and a tool's URL may hold a resolved ${VAR}.
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(max(logging.WARNING, root.level))

@@ -142,6 +142,9 @@ class AgentsMCP:
 
     async def call_tool(self, ctx: ServerRequestContext, params: types.CallToolRequestParams) -> Any:
         arguments = params.arguments or {}
+        pinned = isinstance(arguments.get("agent"), str)  # a removed agent stays callable by its pin
+        if self.service.registry.current.get("Agent", params.name) is None and not pinned:
+            raise MCPError(code=types.INVALID_PARAMS, message=f"Unknown tool: {params.name}")
         problems = list(_validator.iter_errors(arguments))
         if problems:
             return _tool_error("invalid_request", "; ".join(p.message for p in problems[:3]))

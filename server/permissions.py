@@ -3,8 +3,9 @@
 `ask` pauses the call: the request is recorded, a `permission.requested`
 event goes out, the turn and its conversation show `waiting`, and the call
 resumes when `POST /v1/conversations/{id}/permissions/{request_id}` answers,
-or is denied when the request expires. Every request and decision is kept
-(who, when, what) as an audit trail.
+or is denied when the request expires (or is recorded as cancelled when its
+turn ends first). Every request and decision is kept (who, when, what) as an
+audit trail.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class PermissionBroker:
         )
         await self.store.create_permission(record)
         waiter = self._waiting[record.id] = _Waiter(ctx.conversation_id)
+        unanswered = ("cancelled", "cancellation")  # the turn ended before the wait did
         try:
             if ctx.channel is not None:
                 await ctx.channel.waiting(True)
@@ -60,11 +62,12 @@ class PermissionBroker:
                 })
             with anyio.move_on_after(self.timeout_s):
                 await waiter.answered.wait()
+            unanswered = ("expired", "expiry")
         finally:
             self._waiting.pop(record.id, None)
             with anyio.CancelScope(shield=True):
                 if not waiter.answered.is_set():
-                    await self.store.decide_permission(record.id, "expired", "expiry", time.time())
+                    await self.store.decide_permission(record.id, *unanswered, time.time())
                 if ctx.channel is not None:
                     await ctx.channel.waiting(False)
         if not waiter.answered.is_set():

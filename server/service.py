@@ -101,7 +101,7 @@ async def open_service(settings: Settings) -> AsyncIterator[Service]:
                 if settings.watch:
                     tg.start_soon(watch, compiler.root, swapper.reload)
                 if threading.current_thread() is threading.main_thread():
-                    tg.start_soon(_reload_on_sighup, swapper)
+                    await tg.start(_reload_on_sighup, swapper)
                 tg.start_soon(_drain_on_stop, service)
                 service.ready = True
                 try:
@@ -133,8 +133,9 @@ def _mcp_connections(root: Path, locked: bool, hub: EventHub) -> MCPConnections:
     return MCPConnections(expected=lock.mcp_catalogs if lock else None, locked=locked, on_drift=on_drift)
 
 
-async def _reload_on_sighup(swapper: Swapper) -> None:
+async def _reload_on_sighup(swapper: Swapper, task_status=anyio.TASK_STATUS_IGNORED) -> None:
     with anyio.open_signal_receiver(signal.SIGHUP) as signals:
+        task_status.started()  # handled from here: a SIGHUP once the server is ready never kills it
         async for _ in signals:
             await swapper.reload("sighup")
 

@@ -42,8 +42,7 @@ async def sse(response: httpx.Response) -> AsyncIterator[Event]:
     async for line in response.aiter_lines():
         if not line:
             if data:
-                text = "\n".join(data)
-                yield Event(event_id, name, text if text == "[DONE]" else json.loads(text))
+                yield Event(event_id, name, json.loads("\n".join(data)))
             event_id, name, data = None, "message", []
             continue
         field, _, value = line.partition(":")
@@ -77,8 +76,8 @@ def ended(turn_id: str | None = None) -> Callable[[Event], bool]:
     return lambda e: e.name in names and turn_id in (None, e.data.get("turn_id"))
 
 
-def named(name: str, turn_id: str | None = None) -> Callable[[Event], bool]:
-    return lambda e: e.name == name and (turn_id is None or e.data.get("turn_id", turn_id) == turn_id)
+def named(name: str) -> Callable[[Event], bool]:
+    return lambda e: e.name == name
 
 
 def gated_definitions(root: Path) -> Path:

@@ -6,9 +6,9 @@
 or in-process: `serve(fixture_app(...))` from `tests.fakes.uvicorn_thread`.
 
 Tools: `add(a, b)`, `echo(text)`, `hang()` (never returns), `pid()` (the
-serving process id, so a test can kill it). The variant file, read once at
-start, holds `1` or `2`; variant 2 gives `echo` another input schema, so a
-test can change the catalog a server reports without touching its
+serving process id, so a test can kill it). The variant file holds `1` or
+`2` and is read at every `tools/list`; variant 2 gives `echo` another input
+schema, so a test changes the catalog a server reports without touching its
 definition (whose digest would change with it).
 """
 
@@ -18,12 +18,13 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import anyio
 from mcp.server.mcpserver import MCPServer
 
 
-def read_variant(path: str | None) -> int:
+def read_variant(path: str | Path | None) -> int:
     if not path:
         return 1
     try:
@@ -32,41 +33,57 @@ def read_variant(path: str | None) -> int:
         return 1
 
 
-def build(variant: int = 1) -> MCPServer:
-    server = MCPServer("fixture", version="1.0")
-
-    @server.tool(description="Add two numbers.")
-    def add(a: float, b: float) -> str:
-        total = a + b
-        return str(int(total) if total == int(total) else total)
-
-    if variant == 2:
-
-        @server.tool(description="Echo the text back, maybe loudly.")
-        def echo(text: str, loud: bool = False) -> str:
-            return text.upper() if loud else text
-
-    else:
-
-        @server.tool(description="Echo the text back.")
-        def echo(text: str) -> str:
-            return text
-
-    @server.tool(description="Never return.")
-    async def hang() -> str:
-        await anyio.sleep_forever()
-        return ""
-
-    @server.tool(description="The process id of this server.")
-    def pid() -> str:
-        return str(os.getpid())
-
-    return server
+def add(a: float, b: float) -> str:
+    total = a + b
+    return str(int(total) if total == int(total) else total)
 
 
-def fixture_app(variant_file: str | None = None):
+def echo(text: str) -> str:
+    return text
+
+
+def echo_loud(text: str, loud: bool = False) -> str:
+    return text.upper() if loud else text
+
+
+async def hang() -> str:
+    await anyio.sleep_forever()
+    return ""
+
+
+def pid() -> str:
+    return str(os.getpid())
+
+
+class Fixture(MCPServer):
+    def __init__(self, variant_file: str | Path | None = None):
+        super().__init__("fixture", version="1.0")
+        self.variant_file = variant_file
+        self.variant = 0
+        self.add_tool(add, description="Add two numbers.")
+        self.add_tool(hang, description="Never return.")
+        self.add_tool(pid, description="The process id of this server.")
+        self._use(read_variant(variant_file))
+
+    def _use(self, variant: int) -> None:
+        if variant == self.variant:
+            return
+        if self.variant:
+            self.remove_tool("echo")
+        if variant == 2:
+            self.add_tool(echo_loud, name="echo", description="Echo the text back, maybe loudly.")
+        else:
+            self.add_tool(echo, description="Echo the text back.")
+        self.variant = variant
+
+    async def list_tools(self) -> Any:
+        self._use(read_variant(self.variant_file))
+        return await super().list_tools()
+
+
+def fixture_app(variant_file: str | Path | None = None) -> Any:
     """The streamable HTTP app (at /mcp) of a fresh fixture server."""
-    return build(read_variant(variant_file)).streamable_http_app()
+    return Fixture(variant_file).streamable_http_app()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -74,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--variant-file")
     parser.add_argument("--http", type=int, metavar="PORT")
     args = parser.parse_args(argv)
-    server = build(read_variant(args.variant_file))
+    server = Fixture(args.variant_file)
     if args.http is None:
         server.run("stdio")
     else:

@@ -15,18 +15,14 @@ from __future__ import annotations
 import json
 import os
 import textwrap
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx
 
-from server.api import create_app
 from server.compiler import Compiler
-from server.settings import Settings
-from tests.fakes.uvicorn_thread import serve
 from tests.live import WAIT_PY
 
 
@@ -113,14 +109,6 @@ def agent_digest(root: Path, agent: str = "edited") -> str:
     return Compiler(root).compile().by_key[("Agent", agent)].digest
 
 
-@contextmanager
-def watched_server(definitions: Path, state_dir: Path, **settings: Any) -> Iterator[str]:
-    """Like `corral_server`, with the file watcher on."""
-    config = Settings(definitions=definitions, state_dir=state_dir, watch=True, **settings)
-    with serve(create_app(config), graceful_s=5.0) as base_url:
-        yield base_url
-
-
 async def set_digest(client: httpx.AsyncClient) -> str:
     r = await client.get("/v1/definitions")
     assert r.status_code == 200, r.text
@@ -134,32 +122,35 @@ async def swaps(client: httpx.AsyncClient) -> list[dict[str, Any]]:
     return r.json()["items"]
 
 
-async def next_swap(client: httpx.AsyncClient, seen: int) -> dict[str, Any]:
-    """The newest report once history holds more than `seen` reports (poll; bound it outside)."""
+async def next_swap(client: httpx.AsyncClient, seen: int,
+                    where: Callable[[dict[str, Any]], bool] = lambda report: True) -> dict[str, Any]:
+    """The first report after the first `seen` that satisfies `where` (polls; bound it outside)."""
     while True:
         history = await swaps(client)
-        if len(history) > seen:
-            return history[0]
+        for report in reversed(history[: len(history) - seen]):
+            if where(report):
+                return report
         await anyio.sleep(0.02)
 
 
+PROBE = "kind: Model\nname: probe\ndescription: A change for the watcher to see.\nprovider: scripted\n"
+
+
 async def watcher_live(client: httpx.AsyncClient, root: Path) -> dict[str, Any]:
-    """Edit a probe definition until the watcher applies it: from then on, edits are seen.
+    """Add a probe definition, and write it again until the watcher reports a swap.
 
     The watcher starts with the server but may not have subscribed to the
     directory yet when the first request is answered; an edit made before it
-    has would never be reported.
+    has would never be reported. From the first report on, edits are seen.
+    Every write has the same content, so a write seen late reloads an
+    unchanged set, which leaves no report (outside locked mode).
     """
-    with anyio.fail_after(15):
-        for attempt in range(1000):
+    with anyio.fail_after(20):
+        while True:
             before = len(await swaps(client))
-            write_atomic(root / "probe.yaml", f"kind: Model\nname: probe\ndescription: probe {attempt}\n"
-                                              "provider: scripted\n")
-            with anyio.move_on_after(1.0):
-                report = await next_swap(client, before)
-                assert report["status"] == "applied", report
-                return report
-    raise AssertionError("unreachable")
+            write_atomic(root / "probe.yaml", PROBE)
+            with anyio.move_on_after(2.0):
+                return await next_swap(client, before)
 
 
 async def create_conversation(client: httpx.AsyncClient, agent: str) -> str:

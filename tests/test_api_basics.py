@@ -172,6 +172,13 @@ def test_health_and_metrics(default_server: str) -> None:
         assert f"# TYPE {name} counter" in text
 
 
+def test_openapi_document(client: httpx.Client) -> None:
+    document = client.get("/openapi.json").json()
+    assert document["openapi"].startswith("3.")
+    for path in ("/v1/conversations", "/v1/conversations/{id}/messages", "/v1/agents", "/v1/definitions"):
+        assert path in document["paths"], path
+
+
 # --- conversations ----------------------------------------------------------------
 
 
@@ -253,6 +260,8 @@ def test_bad_message_bodies(client: httpx.Client, body: dict[str, Any]) -> None:
 
 
 def test_unknown_names(client: httpx.Client) -> None:
+    error_of(client.get("/v1/nowhere"), 404, "not_found")
+    error_of(client.delete("/v1/agents"), 405, "method_not_allowed")
     error_of(client.post("/v1/conversations", json={"agent": "nope"}), 404, "agent_not_found")
     error_of(client.post("/v1/conversations", json={"agent": f"alpha@{UNKNOWN_DIGEST}"}), 404,
              "digest_not_found")
@@ -299,7 +308,8 @@ def test_restart_keeps_everything(defs: Path, tmp_path: Path) -> None:
     with corral_server(defs, state) as url, httpx.Client(base_url=url, timeout=15, trust_env=False) as c:
         cid = create(c)["id"]
         first = send(c, cid, "upper before the restart")
-        before = {tail: c.get(f"/v1/conversations/{cid}{tail}").json() for tail in ("", "/messages", "/turns")}
+        tails = ("", "/messages", "/turns")
+        before = {tail: c.get(f"/v1/conversations/{cid}{tail}").json() for tail in tails}
         listed = c.get("/v1/conversations").json()
     with corral_server(defs, state) as url, httpx.Client(base_url=url, timeout=15, trust_env=False) as c:
         for tail, body in before.items():

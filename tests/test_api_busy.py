@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.conftest import corral_server
-from tests.live import ended, gated_definitions, named, open_gate, read_events
+from tests.live import ended, gated_definitions, named, open_gate, read_events, sse
 
 pytestmark = pytest.mark.anyio
 
@@ -49,9 +49,9 @@ class Conversation:
         self.replies.append(reply)
         return reply
 
-    async def started(self, after: int | None = None) -> str:
-        """The id of the turn that reached the gate (waiting for it to get there)."""
-        events = await read_events(self.client, self.id, named("tool.started"), last_event_id=after)
+    async def started(self) -> str:
+        """The id of the first turn to reach the gate (waiting for it to get there)."""
+        events = await read_events(self.client, self.id, named("tool.started"))
         return next(e.data["turn_id"] for e in events if e.name == "turn.started")
 
     async def turns(self) -> list[dict[str, Any]]:
@@ -83,6 +83,9 @@ async def test_reject_answers_409_naming_the_running_turn(conversation_of, tmp_p
             tg.start_soon(c.send, f"wait {gate}")
             turn_id = await c.started()
             assert (await c.client.get(f"/v1/conversations/{c.id}")).json()["status"] == "busy"
+            listed = await c.client.get("/v1/conversations", params={"status": "busy", "agent": "gated"})
+            assert c.id in [item["id"] for item in listed.json()["items"]]
+            assert busy_turn_id(await c.client.delete(f"/v1/conversations/{c.id}")) == turn_id
             assert busy_turn_id(await c.send("hello")) == turn_id
             assert busy_turn_id(await c.send("hello", if_busy="reject")) == turn_id
             open_gate(gate)
@@ -113,6 +116,18 @@ async def test_concurrent_sends_exactly_one_runs(conversation_of, tmp_path: Path
     assert [t["id"] for t in await c.turns()] == [turn_id]
 
 
+async def test_a_rejection_always_names_a_turn(conversation_of) -> None:
+    """However quick turns and concurrent sends interleave, every 409 names a turn of the conversation."""
+    c = await conversation_of()
+    with anyio.fail_after(30):
+        for _ in range(10):
+            async with anyio.create_task_group() as tg:
+                for _ in range(4):
+                    tg.start_soon(c.send, "hello")
+    rejected = {busy_turn_id(r) for r in c.replies if r.status_code != 200}
+    assert rejected <= {t["id"] for t in await c.turns()}
+
+
 @pytest.mark.parametrize(("agent", "fields"), [("queued", {}), ("gated", {"if_busy": "enqueue"})])
 async def test_enqueue_runs_both_in_order(conversation_of, tmp_path: Path, agent: str,
                                           fields: dict[str, str]) -> None:
@@ -127,8 +142,8 @@ async def test_enqueue_runs_both_in_order(conversation_of, tmp_path: Path, agent
             open_gate(second_gate)
             open_gate(first_gate)
     assert [r.status_code for r in c.replies] == [200, 200], [r.text for r in c.replies]
-    assert c.replies[0].json()["turn_id"] == first
     turns = await c.turns()
+    assert {r.json()["turn_id"] for r in c.replies} == {t["id"] for t in turns}
     assert [t["status"] for t in turns] == ["completed", "completed"]
     assert turns[0]["id"] == first and turns[0]["ended_at"] <= turns[1]["started_at"]
     events = await read_events(c.client, c.id, ended(turns[1]["id"]))
@@ -197,9 +212,20 @@ async def test_idempotent_retry_while_the_turn_runs_waits_for_it(conversation_of
             tg.start_soon(partial(c.send, f"wait {gate}", key="k"))
             turn_id = await c.started()
             tg.start_soon(partial(c.send, f"wait {gate}", key="k"))  # a retry is no second message: no 409
-            open_gate(gate)
+            # A streamed retry shows it joined the running turn: its turn.started arrives before the end.
+            body, headers = {"content": f"wait {gate}", "stream": True}, {"Idempotency-Key": "k"}
+            async with c.client.stream("POST", f"/v1/conversations/{c.id}/messages", json=body,
+                                       headers=headers) as r:
+                assert r.status_code == 200
+                streamed = []
+                async for event in sse(r):
+                    streamed.append(event)
+                    if event.name == "turn.started":
+                        open_gate(gate)
     assert [r.status_code for r in c.replies] == [200, 200], [r.text for r in c.replies]
     assert c.replies[0].json() == c.replies[1].json() and c.replies[0].json()["turn_id"] == turn_id
+    assert streamed[0].data["turn_id"] == streamed[-1].data["turn_id"] == turn_id
+    assert [e.name for e in streamed][-1] == "turn.completed"
     assert [t["id"] for t in await c.turns()] == [turn_id]
 
 

@@ -168,3 +168,21 @@ async def test_client_disconnect_leaves_the_turn_running(client: httpx.AsyncClie
     assert messages[-1]["content"] == "passed the gate"
     conversation = (await client.get(f"/v1/conversations/{cid}")).json()
     assert conversation["status"] == "idle"
+
+
+async def test_streamed_idempotent_retry_replays_only_its_own_turn(client: httpx.AsyncClient) -> None:
+    conversation = await new_conversation(client)
+    cid = conversation["id"]
+    body, headers = {"content": "second", "stream": True}, {"Idempotency-Key": "retry-me"}
+    with anyio.fail_after(15):
+        await stream_turn(client, cid, "first")
+        streams = []
+        for _ in range(2):
+            async with client.stream("POST", f"/v1/conversations/{cid}/messages", json=body,
+                                     headers=headers) as r:
+                assert r.status_code == 200
+                streams.append([event async for event in sse(r)])
+    original, retried = streams
+    assert retried == original
+    assert original[0].name == "turn.started" and original[-1].name == "turn.completed"
+    assert original[-1].data["output"] == "echo: second"

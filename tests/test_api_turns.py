@@ -20,13 +20,15 @@ import pytest
 
 from tests.conftest import corral_server, write_tree
 from tests.fakes import Call, FakeAnthropic, FakeOpenAI, Malformed, Reply, Stall, Status, serve
-from tests.live import ended, read_events
+from tests.live import ended, read_events, sse
 
 pytestmark = pytest.mark.anyio
 
 OPENAI_KEY = "sk-openai-fake-7f3a9c-never-echo"
 ANTHROPIC_KEY = "sk-ant-fake-51d2e8-never-echo"
 SHOUT = Call("shout", {"text": "hello world"}, id="call_shout", pieces=4)  # arguments arrive in 4 pieces
+TOOL_TURN = (Reply(calls=(SHOUT,), usage=(20, 5)), Reply(text="It said HELLO WORLD", usage=(30, 6)))
+TOOL_TURN_USAGE = {"input_tokens": 50, "output_tokens": 11}
 
 
 def definitions(root: Path, openai_url: str, anthropic_url: str) -> Path:
@@ -141,23 +143,24 @@ async def check_tool_turn(client: httpx.AsyncClient, cid: str, answer: dict[str,
 
 
 async def test_openai_turn_with_a_tool_call(client: httpx.AsyncClient, fakes: Fakes) -> None:
-    fakes.openai.script(Reply(calls=(SHOUT,), usage=(20, 5)), Reply(text="It said HELLO WORLD", usage=(30, 6)))
+    fakes.openai.script(*TOOL_TURN)
     cid, answer = await run_turn(client, "via_openai", "make it loud")
-    await check_tool_turn(client, cid, answer, "It said HELLO WORLD", {"input_tokens": 50, "output_tokens": 11})
+    await check_tool_turn(client, cid, answer, "It said HELLO WORLD", TOOL_TURN_USAGE)
 
     first, second = (r.body for r in fakes.openai.requests)
     assert first["model"] == "gpt-fake" and first["stream"] is True
     assert [t["function"]["name"] for t in first["tools"]] == ["shout"]
     assert first["messages"][0] == {"role": "system", "content": "Be brief."}
     assert json.loads(second["messages"][-2]["tool_calls"][0]["function"]["arguments"]) == SHOUT.arguments
-    assert second["messages"][-1] == {"role": "tool", "tool_call_id": "call_shout", "content": "HELLO WORLD\n"}
+    tool_message = {"role": "tool", "tool_call_id": "call_shout", "content": "HELLO WORLD\n"}
+    assert second["messages"][-1] == tool_message
     assert all(r.headers["authorization"] == f"Bearer {OPENAI_KEY}" for r in fakes.openai.requests)
 
 
 async def test_anthropic_turn_with_a_tool_call(client: httpx.AsyncClient, fakes: Fakes) -> None:
-    fakes.anthropic.script(Reply(calls=(SHOUT,), usage=(20, 5)), Reply(text="It said HELLO WORLD", usage=(30, 6)))
+    fakes.anthropic.script(*TOOL_TURN)
     cid, answer = await run_turn(client, "via_anthropic", "make it loud")
-    await check_tool_turn(client, cid, answer, "It said HELLO WORLD", {"input_tokens": 50, "output_tokens": 11})
+    await check_tool_turn(client, cid, answer, "It said HELLO WORLD", TOOL_TURN_USAGE)
 
     first, second = (r.body for r in fakes.anthropic.requests)
     assert first["model"] == "claude-fake" and first["system"] == "Be brief."
@@ -207,7 +210,7 @@ async def test_500_then_success(client: httpx.AsyncClient, fakes: Fakes) -> None
     assert len(fakes.anthropic.requests) == 2
 
 
-async def test_persistent_500_fails_the_turn_with_model_error(client: httpx.AsyncClient, fakes: Fakes) -> None:
+async def test_persistent_500_fails_the_turn(client: httpx.AsyncClient, fakes: Fakes) -> None:
     fakes.openai.script(*[Status(500)] * 3)
     cid, answer = await run_turn(client, "via_openai", "hi")
     error = await failure(client, cid, answer)
@@ -216,11 +219,24 @@ async def test_persistent_500_fails_the_turn_with_model_error(client: httpx.Asyn
     assert "do not quote this body" not in json.dumps(error)
 
 
+async def test_streamed_failure_ends_with_turn_failed(client: httpx.AsyncClient, fakes: Fakes) -> None:
+    fakes.openai.script(Status(500))
+    cid = (await client.post("/v1/conversations", json={"agent": "impatient"})).json()["id"]
+    body = {"content": "hi", "stream": True}
+    with anyio.fail_after(15):
+        async with client.stream("POST", f"/v1/conversations/{cid}/messages", json=body) as r:
+            assert r.status_code == 200
+            events = [e async for e in sse(r)]
+    assert [e.name for e in events] == ["turn.started", "turn.failed"]
+    assert events[-1].data["turn_id"] == events[0].data["turn_id"]
+    assert events[-1].data["error"]["code"] == "model_error"
+
+
 async def test_stalled_stream_times_out(client: httpx.AsyncClient, fakes: Fakes) -> None:
     fakes.openai.script(Stall(text="partial"))
     started = time.monotonic()
     cid, answer = await run_turn(client, "impatient", "hi")
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 10  # the fake would stall for 30 s
     assert (await failure(client, cid, answer))["code"] == "model_error"
 
 
@@ -255,9 +271,10 @@ async def test_api_keys_never_reach_a_response(client: httpx.AsyncClient, fakes:
     ok, _ = await run_turn(client, "via_anthropic", "hi")
     with anyio.fail_after(10):
         events = [e.data for cid in (failed, ok) for e in await read_events(client, cid, ended())]
+    tails = ("", "/messages", "/turns")
     paths = ["/v1/agents", "/v1/agents/via_openai", "/v1/definitions", "/v1/definitions/model/gpt",
              "/v1/definitions/model/claude", "/v1/conversations", "/metrics", "/v1/models",
-             *(f"/v1/conversations/{cid}{tail}" for cid in (failed, ok) for tail in ("", "/messages", "/turns"))]
+             *(f"/v1/conversations/{cid}{tail}" for cid in (failed, ok) for tail in tails)]
     bodies = [json.dumps(events)]
     for path in paths:
         r = await client.get(path)

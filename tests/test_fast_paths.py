@@ -67,10 +67,13 @@ def test_canonical_json_is_rfc8785(value: Any) -> None:
 
 
 @settings(max_examples=2000, deadline=None)
-@given(st.integers(0, 2**64 - 1))
-def test_every_double_is_spelled_as_rfc8785(bits: int) -> None:
-    number = struct.unpack("<d", bits.to_bytes(8, "little"))[0]
-    assert _ours([number]) == _reference([number])
+@given(st.floats(-1, 1, exclude_min=True, exclude_max=True), st.integers(-1080, 1024),
+       st.integers(0, 2**64 - 1))
+def test_every_double_is_spelled_as_rfc8785(mantissa: float, exponent: int, bits: int) -> None:
+    scaled = math.ldexp(mantissa, exponent)  # every order of magnitude alike
+    arbitrary = struct.unpack("<d", bits.to_bytes(8, "little"))[0]
+    for number in (scaled, arbitrary):
+        assert _ours([number]) == _reference([number])
 
 
 @pytest.mark.parametrize("value", [

@@ -64,7 +64,7 @@ def compile_hooks(root: Path, *specs: dict[str, Any]) -> tuple[list[HookDefiniti
 async def run_hooks(root: Path, specs: list[dict[str, Any]], event: str, payload: dict[str, Any],
                     environ: dict[str, str] | None = None, bound: float = 15) -> Verdict:
     definitions, root = compile_hooks(root, *specs)
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(trust_env=False) as http:
         hooks = Hooks(definitions, root=root, http=http, environ=environ or {}, base=BASE)
         with anyio.fail_after(bound):
             return await hooks.run(event, payload)
@@ -83,6 +83,24 @@ async def test_exit_2_denies_with_stderr_as_the_reason(tmp_path: Path, command: 
     hook = {"event": "pre_tool_use", "matcher": "Bash", "command": script("block_rm")}
     verdict = await run_hooks(tmp_path, [hook], "pre_tool_use", bash(command))
     assert verdict == Verdict("deny", f"Blocked: `{command}` deletes recursively; remove files one by one.")
+
+
+@pytest.mark.anyio
+async def test_an_executable_script_named_as_a_string_runs_from_the_definition_directory(
+        tmp_path: Path) -> None:
+    # As in a Claude Code settings file: the script itself, with its shebang (here: this Python).
+    executable = tmp_path / "bin" / "guard"
+    executable.parent.mkdir()
+    executable.write_text(f"#!{PY}\n" + (SCRIPTS / "block_rm.py").read_text().split("\n", 1)[1])
+    executable.chmod(0o755)
+    hook = {"event": "pre_tool_use", "command": "bin/guard"}
+    definitions, root = compile_hooks(tmp_path, hook)
+    assert definitions[0].command == ("bin/guard",) and set(definitions[0].files) == {"bin/guard"}
+    async with httpx.AsyncClient(trust_env=False) as http:
+        hooks = Hooks(definitions, root=root, http=http, environ={}, base=BASE)
+        with anyio.fail_after(15):
+            verdict = await hooks.run("pre_tool_use", bash("rm -rf /"))
+    assert verdict.decision == "deny" and verdict.reason and verdict.reason.startswith("Blocked:")
 
 
 @pytest.mark.anyio
@@ -146,18 +164,33 @@ async def wait_until(condition: Callable[[], bool], bound: float = 5) -> None:
 
 @pytest.mark.anyio
 @pytest.mark.parametrize(("on_error", "expected"), [
-    (None, Verdict("deny", "hook h0 timed out after 1s")),  # the default for pre_tool_use
+    (None, Verdict("deny", "hook h0 timed out after 0.5s")),  # the default for pre_tool_use
     ("allow", Verdict()),
 ])
 async def test_a_hanging_hook_is_killed_and_follows_on_error(
         tmp_path: Path, on_error: str | None, expected: Verdict) -> None:
     pidfile = tmp_path / "hang.pid"
-    hook = {"event": "pre_tool_use", "command": script("hang"), "timeout_s": 1}
+    hook = {"event": "pre_tool_use", "command": script("hang"), "timeout_s": 0.5}
     if on_error:
         hook["on_error"] = on_error
     verdict = await run_hooks(tmp_path / "defs", [hook], "pre_tool_use", BASH,
                               environ={"HANG_PIDFILE": str(pidfile)})
     assert verdict == expected
+    pid = int(pidfile.read_text())
+    await wait_until(lambda: not alive(pid))
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_run_kills_its_hooks(tmp_path: Path) -> None:
+    pidfile = tmp_path / "hang.pid"
+    definitions, root = compile_hooks(tmp_path / "defs", {"event": "pre_tool_use", "command": script("hang")})
+    async with httpx.AsyncClient(trust_env=False) as http:
+        hooks = Hooks(definitions, root=root, http=http, environ={"HANG_PIDFILE": str(pidfile)}, base=BASE)
+        with anyio.fail_after(15):
+            async with anyio.create_task_group() as group:
+                group.start_soon(hooks.run, "pre_tool_use", BASH)
+                await wait_until(pidfile.exists, bound=10)
+                group.cancel_scope.cancel()
     pid = int(pidfile.read_text())
     await wait_until(lambda: not alive(pid))
 
@@ -188,7 +221,7 @@ async def test_hooks_that_cannot_be_read_follow_on_error(tmp_path: Path, argv: l
     specs = [{"event": "pre_tool_use", "command": argv},
              {"event": "pre_tool_use", "command": argv, "on_error": "allow"}]
     definitions, root = compile_hooks(tmp_path, *specs)
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(trust_env=False) as http:
         deny, allow = (Hooks([d], root=root, http=http, environ={}, base=BASE) for d in definitions)
         with anyio.fail_after(15):
             assert await deny.run("pre_tool_use", BASH) == Verdict("deny", reason)
@@ -204,8 +237,8 @@ async def test_hooks_that_cannot_be_read_follow_on_error(tmp_path: Path, argv: l
     ("pre_tool_use", {"decision": "block"}, Verdict("deny", "blocked by hook h0")),
     ("pre_tool_use", {"hookSpecificOutput": {"permissionDecision": "deny"}, "decision": "approve"},
      Verdict("deny", "blocked by hook h0")),
-    ("post_tool_use", {"hookSpecificOutput": {"hookEventName": "PostToolUse", "additionalContext": "lint ok"}},
-     Verdict(context=("lint ok",))),
+    ("post_tool_use", {"hookSpecificOutput": {"hookEventName": "PostToolUse", "additionalContext": "ok"}},
+     Verdict(context=("ok",))),
 ])
 async def test_json_answers(tmp_path: Path, event: str, answer: dict, expected: Verdict) -> None:
     hook = {"event": event, "command": script("say", json.dumps(answer))}
@@ -216,7 +249,7 @@ async def test_json_answers(tmp_path: Path, event: str, answer: dict, expected: 
 async def test_stop_hook_makes_the_agent_continue_once(tmp_path: Path) -> None:
     definitions, root = compile_hooks(tmp_path / "defs", {"event": "Stop", "command": script("stop_block")})
     environ = {"STOP_MARKER_DIR": str(tmp_path)}
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(trust_env=False) as http:
         hooks = Hooks(definitions, root=root, http=http, environ=environ, base=BASE)
         with anyio.fail_after(15):
             first = await hooks.run("stop", {"stop_hook_active": False})
@@ -230,7 +263,8 @@ async def test_stop_hook_makes_the_agent_continue_once(tmp_path: Path) -> None:
 async def test_continue_false_overrides_a_stop_block(tmp_path: Path) -> None:
     hooks = [{"event": "stop", "command": script("stop_block")},
              {"event": "stop", "command": script("say", '{"continue": false, "stopReason": "enough"}')}]
-    verdict = await run_hooks(tmp_path / "defs", hooks, "stop", {}, environ={"STOP_MARKER_DIR": str(tmp_path)})
+    environ = {"STOP_MARKER_DIR": str(tmp_path)}
+    verdict = await run_hooks(tmp_path / "defs", hooks, "stop", {}, environ=environ)
     assert verdict == Verdict("deny", "Run the tests before you finish.\nenough")
     assert verdict.stop_continue is None
 
@@ -295,7 +329,7 @@ async def test_matcher_rules(tmp_path: Path) -> None:
     definitions, root = compile_hooks(tmp_path, *specs)
     assert [d.matcher for d in definitions][:2] == ["", ""]
     assert definitions[1].event == "pre_tool_use"
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(trust_env=False) as http:
         hooks = Hooks(definitions, root=root, http=http, environ={}, base=BASE)
 
     def names(event: str, tool: str | None = None) -> list[str]:
@@ -392,11 +426,11 @@ async def test_http_hook_gets_the_exact_payload_and_can_deny(tmp_path: Path, rec
     ("/fail", "pre_tool_use", Verdict("deny", "hook h0 answered HTTP 500")),
     ("/fail", "post_tool_use", Verdict()),
     ("/huge", "pre_tool_use", Verdict("deny", "hook h0 answered more than 262144 bytes")),
-    ("/slow", "user_prompt_submit", Verdict("deny", "hook h0 timed out after 1s")),
+    ("/slow", "user_prompt_submit", Verdict("deny", "hook h0 timed out after 0.5s")),
 ])
 async def test_http_answers(tmp_path: Path, receiver: Receiver, path: str, event: str,
                             expected: Verdict) -> None:
-    hook = {"event": event, "http": {"url": receiver.url + path}, "timeout_s": 1}
+    hook = {"event": event, "http": {"url": receiver.url + path}, "timeout_s": 0.5}
     assert await run_hooks(tmp_path, [hook], event, {**BASH, "prompt": "p"}) == expected
 
 

@@ -8,6 +8,7 @@ lets them (a gate file, a loopback endpoint), never by timing.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -27,12 +28,12 @@ from tests.swapping import (
     create_conversation,
     edited_yaml,
     line_of,
+    next_swap,
     say,
     set_digest,
     swaps,
     turns,
     versioned_definitions,
-    watched_server,
     watcher_live,
     write_atomic,
 )
@@ -41,8 +42,10 @@ pytestmark = pytest.mark.anyio
 
 
 def client_for(base_url: str) -> httpx.AsyncClient:
-    return httpx.AsyncClient(base_url=base_url, timeout=30, trust_env=False,
-                             limits=httpx.Limits(max_connections=300, max_keepalive_connections=300))
+    # Idle connections are dropped well before uvicorn's 5 s keep-alive time-out closes them, so a
+    # request never goes out on a connection the server is closing at that moment.
+    limits = httpx.Limits(max_connections=300, max_keepalive_connections=300, keepalive_expiry=1.0)
+    return httpx.AsyncClient(base_url=base_url, timeout=30, trust_env=False, limits=limits)
 
 
 class _Rest:
@@ -81,9 +84,9 @@ async def test_watched_edit_reports_the_busy_turn_which_ends_on_the_old_digest(t
     defs = versioned_definitions(tmp_path / "defs", "v1")
     v1, v2 = agent_digest(defs), agent_digest(versioned_definitions(tmp_path / "v2", "v2"))
     gate = tmp_path / "gate"
-    with watched_server(defs, tmp_path / "state") as url:
+    with corral_server(defs, tmp_path / "state", watch=True) as url:
         async with client_for(url) as client:
-            await watcher_live(client, defs)
+            assert (await watcher_live(client, defs))["status"] == "applied"
             seen = len(await swaps(client))
             busy, other_busy, idle, other_idle = [
                 await create_conversation(client, agent) for agent in ("edited", "other", "edited", "other")]
@@ -99,9 +102,7 @@ async def test_watched_edit_reports_the_busy_turn_which_ends_on_the_old_digest(t
                     turn_id = await gate_reached(client, busy)
                     await gate_reached(client, other_busy)
                     write_atomic(defs / "edited.yaml", edited_yaml("v2"))
-                    while len(await swaps(client)) == seen:
-                        await anyio.sleep(0.02)
-                    report = (await swaps(client))[0]
+                    report = await next_swap(client, seen)
                     open_gate(gate)
                 after = await say(client, busy, "hello")
                 fresh = await say(client, idle, "hello")
@@ -128,9 +129,9 @@ async def test_watched_edit_reports_the_busy_turn_which_ends_on_the_old_digest(t
 async def test_a_broken_edit_is_rejected_and_the_old_set_keeps_serving(tmp_path: Path) -> None:
     defs = versioned_definitions(tmp_path / "defs", "v1")
     v1 = agent_digest(defs)
-    with watched_server(defs, tmp_path / "state") as url:
+    with corral_server(defs, tmp_path / "state", watch=True) as url:
         async with client_for(url) as client:
-            await watcher_live(client, defs)
+            assert (await watcher_live(client, defs))["status"] == "applied"
             before = await set_digest(client)
             conversation = await create_conversation(client, "edited")
             with anyio.fail_after(20):
@@ -150,9 +151,11 @@ async def test_a_broken_edit_is_rejected_and_the_old_set_keeps_serving(tmp_path:
 
     assert rejected["status"] == "rejected" and rejected["trigger"] == "watch"
     assert rejected["previous"] == rejected["current"] == before and rejected["changes"] == []
-    assert [(e["code"], e["file"], e["line"], e["kind"], e["name"], e["field"]) for e in rejected["errors"]] == [
-        ("definitions_invalid", "edited.yaml", line_of(defs / "edited.yaml", "model:"), "Agent", "edited", "model")]
-    assert "m_missing" in rejected["errors"][0]["message"]
+    [error] = rejected["errors"]
+    assert (error["code"], error["file"], error["line"]) == (
+        "definitions_invalid", "edited.yaml", line_of(defs / "edited.yaml", "model:"))
+    assert (error["kind"], error["name"], error["field"]) == ("Agent", "edited", "model")
+    assert "m_missing" in error["message"]
     assert latest == rejected  # the history keeps the same report
     assert still == before and (kept["digest"], kept["output"]) == (v1, "v1: hello")
     assert swapped["status"] == "applied" and swapped["previous"] == before and swapped["current"] == now
@@ -161,14 +164,21 @@ async def test_a_broken_edit_is_rejected_and_the_old_set_keeps_serving(tmp_path:
 
 async def test_a_burst_of_writes_ends_in_the_final_state_and_applies_nothing_between(tmp_path: Path) -> None:
     defs = versioned_definitions(tmp_path / "defs", "b0")
-    with watched_server(defs, tmp_path / "state") as url:
+    with corral_server(defs, tmp_path / "state", watch=True) as url:
         async with client_for(url) as client:
-            initial = (await watcher_live(client, defs))["current"]
+            probe = await watcher_live(client, defs)
+            assert probe["status"] == "applied"
+            initial = probe["current"]
             seen = len(await swaps(client))
-            target = defs / "edited.yaml"
+            # Every write a whole state (odd ones do not compile, the last one does), staged as hidden
+            # files beforehand, so that the burst itself is nothing but 20 renames.
+            staged = []
+            for i in range(1, 21):
+                staged.append(defs / f".edited.yaml.{i}")
+                write_atomic(staged[-1], edited_yaml(f"b{i}") if i % 2 == 0 else broken_edited_yaml(f"b{i}"))
             started = time.monotonic()
-            for i in range(1, 21):  # every write a whole state; odd ones do not compile, the last one does
-                write_atomic(target, edited_yaml(f"b{i}") if i % 2 == 0 else broken_edited_yaml(f"b{i}"))
+            for path in staged:
+                os.replace(path, defs / "edited.yaml")
             elapsed = time.monotonic() - started
             final = Compiler(defs).compile().digest
             with anyio.fail_after(15):
@@ -251,31 +261,32 @@ async def test_turns_in_flight_through_ten_swaps_complete_on_the_digest_they_sta
         with corral_server(defs, tmp_path / "state") as url:
             async with client_for(url) as client:
                 initial = (await client.get("/v1/agents/worker")).json()["digest"]
-                ids = [await create_conversation(client, "worker") for _ in range(CONVERSATIONS)]
                 stop = anyio.Event()
 
-                async def converse(conversation_id: str) -> None:
+                async def converse() -> None:
+                    conversation_id = await create_conversation(client, "worker")
                     results[conversation_id] = [await say(client, conversation_id, "hold")]
-                    while not stop.is_set():
+                    if not stop.is_set():  # a new turn, starting while the last swaps happen
                         results[conversation_id].append(await say(client, conversation_id, "hello"))
 
                 with anyio.fail_after(60):
                     async with anyio.create_task_group() as tg:
-                        for conversation_id in ids:
-                            tg.start_soon(converse, conversation_id)
-                        T=time.monotonic(); await hold.all_arrived.wait(); print('arrived', time.monotonic()-T)
+                        for _ in range(CONVERSATIONS):
+                            tg.start_soon(converse)
+                        await hold.all_arrived.wait()
                         for i in range(1, SWAPS + 1):
                             write_atomic(defs / "load.yaml", load_yaml(f"s{i}", port))
-                            reports.append((await client.post("/v1/definitions/reload")).json()); print(i, time.monotonic()-T, sum(map(len, results.values())))
+                            reports.append((await client.post("/v1/definitions/reload")).json())
                             if i == SWAPS // 2:
                                 hold.released.set()  # the held turns end while the next swaps happen
                         stop.set()
-                    announced = {cid: await started_digests(client, cid, results[cid][-1]["turn_id"])
-                                 for cid in ids}
-                    stored = {cid: await turns(client, cid) for cid in ids}
+                    last_turns = {cid: r[-1]["turn_id"] for cid, r in results.items()}
+                    announced, stored = await gather_turns(client, last_turns)
         endpoint.cancel_scope.cancel()
 
     assert [r["status"] for r in reports] == ["applied"] * SWAPS
+    ids = sorted(results)
+    assert len(ids) == CONVERSATIONS
     version = {initial: "s0"} | {c["to"]: f"s{i}" for i, r in enumerate(reports, 1)
                                  for c in r["changes"] if c["kind"] == "Agent"}
     assert len(version) == SWAPS + 1
@@ -295,7 +306,19 @@ async def test_turns_in_flight_through_ten_swaps_complete_on_the_digest_they_sta
         assert order == sorted(order)  # a by-name conversation never goes back to an older digest
 
 
-async def started_digests(client: httpx.AsyncClient, conversation_id: str, last_turn: str) -> dict[str, str]:
-    """turn_id -> the digest its `turn.started` event announced."""
-    events = await read_events(client, conversation_id, ended(last_turn))
-    return {e.data["turn_id"]: e.data["digest"] for e in events if e.name == "turn.started"}
+async def gather_turns(client: httpx.AsyncClient, last_turns: dict[str, str]
+                       ) -> tuple[dict[str, dict[str, str]], dict[str, list[dict[str, Any]]]]:
+    """For each conversation: turn_id -> the digest its `turn.started` announced; its stored turns."""
+    announced: dict[str, dict[str, str]] = {}
+    stored: dict[str, list[dict[str, Any]]] = {}
+
+    async def read(conversation_id: str, last_turn: str) -> None:
+        events = await read_events(client, conversation_id, ended(last_turn))
+        announced[conversation_id] = {e.data["turn_id"]: e.data["digest"]
+                                      for e in events if e.name == "turn.started"}
+        stored[conversation_id] = await turns(client, conversation_id)
+
+    async with anyio.create_task_group() as tg:
+        for conversation_id, last_turn in last_turns.items():
+            tg.start_soon(read, conversation_id, last_turn)
+    return announced, stored

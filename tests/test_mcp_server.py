@@ -120,30 +120,51 @@ def text_of(result: types.CallToolResult) -> str:
     return "".join(c.text for c in result.content if isinstance(c, types.TextContent))
 
 
-async def test_catalogue(target: Target) -> None:
-    async with target.client() as client:
-        assert client.protocol_version == ERA[target.mode]
-        tools = (await client.list_tools()).tools
-        assert {"assistant", "sleeper", "hasty"} <= {t.name for t in tools}
-        for tool in tools:
-            assert tool.description, tool.name  # `hasty` has none of its own: it gets a generated one
-            assert "message" in tool.input_schema["required"], tool.name
+async def test_catalogue_follows_the_definitions(target: Target) -> None:
+    changed = anyio.Event()
 
-        resources = (await client.list_resources()).resources
-        uris = {r.uri for r in resources}
-        assert "corral://definitions/agent/assistant" in uris
-        assert all(r.description for r in resources)
-        read = await client.read_resource("corral://definitions/agent/assistant")
-        yaml_text = read.contents[0].text
-        assert yaml_text.startswith("# digest: sha256:") and "model: offline" in yaml_text
-        with pytest.raises(MCPError):
-            await client.read_resource("corral://definitions/agent/nobody")
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            changed.set()
 
-        prompts = (await client.list_prompts()).prompts
-        assert "haiku" in {p.name for p in prompts} and all(p.description for p in prompts)
-        prompt = await client.get_prompt("haiku", {"task": "autumn rain"})
-        body = prompt.messages[0].content.text
-        assert "5, 7 and 5 syllables" in body and body.endswith("Task: autumn rain")
+    with anyio.fail_after(30):
+        async with target.client(message_handler=on_message) as client:
+            assert client.protocol_version == ERA[target.mode]
+            await check_catalogue(client)
+            if target.mode == "legacy":  # handshake era: a notification on the standalone stream
+                write_tree(target.definitions, HELPER)
+                await changed.wait()
+            else:  # modern era: only on a subscriptions/listen stream
+                async with client.listen(tools_list_changed=True) as changes:
+                    write_tree(target.definitions, HELPER)
+                    assert isinstance(await anext(changes), ToolsListChanged)
+            tools = (await client.list_tools(cache_mode="refresh")).tools
+            assert "helper" in {t.name for t in tools}
+
+
+async def check_catalogue(client: Client) -> None:
+    tools = (await client.list_tools()).tools
+    assert {"assistant", "sleeper", "hasty"} <= {t.name for t in tools}
+    assert "helper" not in {t.name for t in tools}
+    for tool in tools:
+        assert tool.description, tool.name  # `hasty` has none of its own: it gets a generated one
+        assert "message" in tool.input_schema["required"], tool.name
+
+    resources = (await client.list_resources()).resources
+    assert "corral://definitions/agent/assistant" in {r.uri for r in resources}
+    assert all(r.description for r in resources)
+    read = await client.read_resource("corral://definitions/agent/assistant")
+    yaml_text = read.contents[0].text
+    assert yaml_text.startswith("# digest: sha256:") and "model: offline" in yaml_text
+    with pytest.raises(MCPError) as unknown:
+        await client.read_resource("corral://definitions/agent/nobody")
+    assert unknown.value.code == types.INVALID_PARAMS
+
+    prompts = (await client.list_prompts()).prompts
+    assert "haiku" in {p.name for p in prompts} and all(p.description for p in prompts)
+    prompt = await client.get_prompt("haiku", {"task": "autumn rain"})
+    body = prompt.messages[0].content.text
+    assert "5, 7 and 5 syllables" in body and body.endswith("Task: autumn rain")
 
 
 async def test_conversation(target: Target) -> None:
@@ -159,14 +180,15 @@ async def test_conversation(target: Target) -> None:
             assert not first.is_error, text_of(first)
             assert text_of(first).startswith("It is ")
             assert progress, "no progress notification during a tool-using turn"
-            conversation, digest = first.structured_content["conversation_id"], first.structured_content["digest"]
-            assert digest.startswith("sha256:") and first.structured_content["turn_id"]
+            structured = first.structured_content
+            conversation, digest = structured["conversation_id"], structured["digest"]
+            assert digest.startswith("sha256:") and structured["turn_id"]
 
             second = await client.call_tool(
                 "assistant", {"message": "count words in one two three", "conversation_id": conversation})
             assert text_of(second) == "Word count: 3"
             assert second.structured_content["conversation_id"] == conversation
-            assert second.structured_content["turn_id"] != first.structured_content["turn_id"]
+            assert second.structured_content["turn_id"] != structured["turn_id"]
 
             pinned = await client.call_tool("assistant", {"message": "hello", "agent": f"assistant@{digest}"})
             assert not pinned.is_error, text_of(pinned)
@@ -204,27 +226,6 @@ async def test_timeout_cancels_the_turn(target: Target) -> None:
     with target.api() as http:
         turns = http.get(f"/v1/conversations/{conversation}/turns").json()["items"]
     assert sorted(t["status"] for t in turns) == ["cancelled", "completed", "completed"], turns
-
-
-async def test_list_changed_after_an_edit(target: Target) -> None:
-    changed = anyio.Event()
-
-    async def on_message(message: Any) -> None:
-        if isinstance(message, types.ToolListChangedNotification):
-            changed.set()
-
-    with anyio.fail_after(30):
-        async with target.client(message_handler=on_message) as client:
-            assert "helper" not in {t.name for t in (await client.list_tools()).tools}
-            if target.mode == "legacy":
-                write_tree(target.definitions, HELPER)
-                await changed.wait()
-            else:
-                async with client.listen(tools_list_changed=True) as changes:
-                    write_tree(target.definitions, HELPER)
-                    assert isinstance(await changes.__anext__(), ToolsListChanged)
-            tools = (await client.list_tools(cache_mode="refresh")).tools
-            assert "helper" in {t.name for t in tools}
 
 
 INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize",

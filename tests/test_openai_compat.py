@@ -55,7 +55,8 @@ async def test_completion(client: openai.AsyncOpenAI) -> None:
     assert choice.message.role == "assistant" and choice.message.content == "Word count: 4"
     assert choice.finish_reason == "stop"
     assert completion.usage is not None and completion.usage.completion_tokens > 0
-    assert completion.usage.total_tokens == completion.usage.prompt_tokens + completion.usage.completion_tokens
+    usage = completion.usage
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
 
 
 async def test_completion_with_history(client: openai.AsyncOpenAI, http: httpx.AsyncClient) -> None:
@@ -63,14 +64,16 @@ async def test_completion_with_history(client: openai.AsyncOpenAI, http: httpx.A
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "hello there"},
         {"role": "assistant", "content": "I am the offline assistant."},
-        {"role": "user", "content": [{"type": "text", "text": "count words in "}, {"type": "text", "text": "a b"}]},
+        {"role": "user", "content": [{"type": "text", "text": "count words in "},
+                                     {"type": "text", "text": "a b"}]},
     ]
     with anyio.fail_after(15):
         completion = await client.chat.completions.create(model="assistant", messages=history)
     assert completion.choices[0].message.content == "Word count: 2"
 
     # the turn ran in a conversation of its own, on top of the earlier messages
-    newest = (await http.get("/v1/conversations", params={"agent": "assistant", "limit": 1})).json()["items"][0]
+    listed = await http.get("/v1/conversations", params={"agent": "assistant", "limit": 1})
+    newest = listed.json()["items"][0]
     assert newest["metadata"] == {"source": "openai"}
     transcript = (await http.get(f"/v1/conversations/{newest['id']}/messages")).json()["items"]
     said = [(m["role"], m["content"]) for m in transcript if m["role"] != "tool" and m["content"]]
@@ -125,7 +128,7 @@ async def test_unknown_model(client: openai.AsyncOpenAI, model: str) -> None:
 
 
 async def test_bad_requests(client: openai.AsyncOpenAI) -> None:
-    for messages in ([], [{"role": "assistant", "content": "no question"}], [{"role": "user", "content": ""}]):
+    for messages in ([], [{"role": "assistant", "content": "no answer"}], [{"role": "user", "content": ""}]):
         with pytest.raises(openai.BadRequestError) as caught:
             await client.chat.completions.create(model="assistant", messages=messages)
         assert caught.value.code == "invalid_request"

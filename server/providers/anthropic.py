@@ -25,7 +25,7 @@ from ..canonical import freeze, thaw
 from ..definitions import ModelDefinition
 from ..messages import AssistantMessage, Message, ToolCall, ToolResultMessage, ToolSpec, Usage
 from .base import Finish, ModelChunk, ModelRequest, ProviderError, TextDelta, ToolCallChunk, UsageChunk
-from .wire import api_key, describe, identifier, malformed, parse_arguments, parse_json, post_events
+from .wire import api_key, describe, drain, identifier, malformed, parse_arguments, parse_json, post_events
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 API_VERSION = "2023-06-01"
@@ -61,6 +61,7 @@ class AnthropicProvider:
                 for chunk in reply.feed(parse_json(event.data, self._label)):
                     yield chunk
                 if reply.done:
+                    await drain(events)
                     break
         for chunk in reply.finish():
             yield chunk

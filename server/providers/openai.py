@@ -23,7 +23,16 @@ from ..canonical import thaw
 from ..definitions import ModelDefinition
 from ..messages import AssistantMessage, Message, ToolCall, ToolResultMessage, ToolSpec, Usage
 from .base import Finish, ModelChunk, ModelRequest, ProviderError, TextDelta, ToolCallChunk, UsageChunk
-from .wire import api_key, describe, malformed, parse_arguments, parse_json, post_events
+from .wire import (
+    api_key,
+    describe,
+    drain,
+    malformed,
+    parse_arguments,
+    parse_json,
+    parse_url,
+    post_events,
+)
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 STOP_REASONS = {
@@ -61,6 +70,7 @@ class OpenAIProvider:
         async with aclosing(events):
             async for event in events:
                 if event.data.strip() == "[DONE]":
+                    await drain(events)
                     break
                 for chunk in reply.feed(parse_json(event.data, self._label)):
                     yield chunk
@@ -79,7 +89,7 @@ class OpenAIProvider:
             "stream_options": {"include_usage": True},
         }
         # OpenAI's own newer models refuse `max_tokens`; most compatible servers only know it.
-        limit = "max_completion_tokens" if httpx.URL(self._url).host == "api.openai.com" else "max_tokens"
+        limit = "max_completion_tokens" if parse_url(self._url).host == "api.openai.com" else "max_tokens"
         body[limit] = d.max_output_tokens
         if d.temperature is not None:
             body["temperature"] = d.temperature

@@ -10,6 +10,7 @@ is a plain identifier) and never hold a key.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import AsyncIterator, Mapping
@@ -18,6 +19,7 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
+import anyio
 import httpx
 
 from ..canonical import freeze
@@ -26,6 +28,7 @@ from ..templates import MissingSecret, resolve_secrets
 from .base import ProviderError
 
 _IDENTIFIER = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+DRAIN_S = 1.0  # how long a stream whose reply is complete may take to end
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,9 +37,15 @@ class Event:
     data: str
 
 
+@functools.lru_cache(maxsize=256)
+def parse_url(url: str) -> httpx.URL:
+    """`url` parsed once: httpx's URL parser costs more than building the rest of a request."""
+    return httpx.URL(url)
+
+
 def describe(definition: ModelDefinition, provider: str, url: str) -> str:
     """How error messages name a model: `model 'fast' (openai, api.openai.com)`."""
-    return f"model {definition.name!r} ({provider}, {httpx.URL(url).host})"
+    return f"model {definition.name!r} ({provider}, {parse_url(url).host})"
 
 
 def api_key(definition: ModelDefinition, environ: Mapping[str, str], label: str) -> str | None:
@@ -92,7 +101,8 @@ async def post_events(
     # A read time-out applies to every read, so a stream that stalls mid-way fails too.
     timeout = httpx.Timeout(timeout_s)
     try:
-        async with client.stream("POST", url, json=body, headers=headers, timeout=timeout) as response:
+        async with client.stream("POST", parse_url(url), json=body, headers=headers,
+                                 timeout=timeout) as response:
             if response.status_code >= 400:
                 raise await _status_error(response, label)
             async for event in _events(response.aiter_lines()):
@@ -101,6 +111,22 @@ async def post_events(
         raise ProviderError(f"{label}: timed out after {timeout_s:g}s", retryable=True) from exc
     except httpx.HTTPError as exc:
         raise ProviderError(f"{label}: connection failed ({type(exc).__name__})", retryable=True) from exc
+
+
+async def drain(events: AsyncIterator[Event]) -> None:
+    """Read what is left of a stream whose reply is complete: normally nothing but its end.
+
+    A response read to its end puts its connection back in the client's pool; one
+    closed early drops it, and the next call pays a new TCP (and TLS) handshake. A
+    server that keeps the stream going anyway is dropped after `DRAIN_S`; whatever it
+    still sends, or a failure at that point, is ignored: the reply is already whole.
+    """
+    with anyio.move_on_after(DRAIN_S):
+        try:
+            async for _ in events:
+                pass
+        except ProviderError:
+            pass
 
 
 async def _events(lines: AsyncIterator[str]) -> AsyncIterator[Event]:

@@ -94,7 +94,7 @@ class PermissionRecord:
     tool: str
     arguments: dict[str, Any]
     reason: str | None
-    status: str  # pending | allowed | denied | expired
+    status: str  # pending | allowed | denied | expired | cancelled (its turn ended first)
     requested_at: float
     expires_at: float
     decided_by: str | None = None

@@ -51,19 +51,22 @@ class MCPTool:
 
 
 class Unavailable:
-    """Stands in for the tools of a server that could not be reached: calling it explains why."""
+    """Stands in for tools of a server that could not be reached: calling it says why.
 
-    def __init__(self, connection: Connection, only: str | None, error: str):
-        self.connection, self.only, self.error = connection, only, error
+    Named after the one tool asked for (`server/tool`), or `{server}__unavailable`;
+    with `retry`, a call tries to start the server again (past its back-off).
+    """
+
+    def __init__(self, connection: Connection, tool: str | None, error: str, *, retry: bool = True):
+        self.connection, self.tool, self.error, self.retry = connection, tool, error, retry
         name = connection.server.name
-        self.spec = ToolSpec(tool_name(name, only or "unavailable"),
-                             f"MCP server {name} is unavailable: {error}",
-                             freeze({"type": "object"}))
+        self.spec = ToolSpec(tool_name(name, tool or "unavailable"),
+                             f"MCP server {name} is unavailable: {error}", freeze({"type": "object"}))
 
     async def call(self, arguments: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
-        if self.only is None:
+        if self.tool is None or not self.retry:
             return ToolOutput(self.error, is_error=True)
-        return await self.connection.call(self.only, arguments)  # tries a start again, past the back-off
+        return await self.connection.call(self.tool, arguments)
 
 
 class MCPConnections:
@@ -75,7 +78,7 @@ class MCPConnections:
         self.expected = dict(expected or {})
         self.locked = locked
         self.on_drift = on_drift
-        self._connections: dict[str, Connection] = {}
+        self._connections: dict[tuple[str, Path], Connection] = {}  # by (digest, definition root)
         self._reported: dict[str, str] = {}  # digest of a definition -> last drifted catalog reported
         self._tg: TaskGroup | None = None
 
@@ -109,7 +112,8 @@ class MCPConnections:
             if server.exposes(t.name) and (only is None or t.name == only)
         ]
         if only and not ports:
-            ports.append(Unavailable(connection, None, f"MCP server {server.name} offers no tool {only!r}"))
+            ports.append(Unavailable(connection, only, f"MCP server {server.name} offers no tool {only!r}",
+                                     retry=False))
         return ports
 
     async def catalog(self, server: MCPServerDefinition, root: Path) -> list[dict[str, Any]]:
@@ -122,18 +126,19 @@ class MCPConnections:
     # --- connections ---------------------------------------------------------
 
     def _connection(self, server: MCPServerDefinition, root: Path) -> Connection:
-        connection = self._connections.get(server.digest)
-        if connection is None or connection.root != root:
-            connection = Connection(server, root, self.environ, self._spawn, self._observed)
-            self._connections[server.digest] = connection
+        key = (server.digest, root)
+        connection = self._connections.get(key)
+        if connection is None:
+            connection = self._connections[key] = Connection(server, root, self.environ, self._spawn,
+                                                             self._observed)
             self._retire_others(connection)
         return connection
 
     def _retire_others(self, current: Connection) -> None:
         name = current.server.name
-        for digest, old in list(self._connections.items()):
+        for key, old in list(self._connections.items()):
             if old is not current and old.server.name == name:
-                del self._connections[digest]
+                del self._connections[key]
                 old.retired = True
                 if not old.active:
                     old.stop()

@@ -121,15 +121,15 @@ class Connection:
         async with self._lock:
             if self._client is not None:
                 return self._client, False
-            now = anyio.current_time()
-            if now < self._retry_at:
+            if anyio.current_time() < self._retry_at:
                 raise StartFailed(self._last_error)
             start = _Start()
             self._spawn(self._own, start)
             await start.event.wait()
             if start.client is None:
                 self._failures += 1
-                self._retry_at = now + min(BACKOFF_MIN_S * 2 ** (self._failures - 1), BACKOFF_MAX_S)
+                backoff = min(BACKOFF_MIN_S * 2 ** (self._failures - 1), BACKOFF_MAX_S)
+                self._retry_at = anyio.current_time() + backoff
                 self._last_error = f"MCP server {self.server.name} could not be started: {start.error}"
                 raise StartFailed(self._last_error)
             self._failures = 0

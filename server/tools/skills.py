@@ -77,7 +77,7 @@ class ReadSkillResource:
             return ToolOutput(f"{written!r} is outside the skill's folder", is_error=True)
         rel = path.relative_to(skill.folder.resolve()).as_posix()
         expected = skill.files.get(rel)
-        if expected is None:
+        if expected is None or not path.is_file():
             return ToolOutput(f"skill {skill.name} has no file {written!r}", is_error=True)
         data = path.read_bytes()
         if digest_bytes(data) != expected:
@@ -91,4 +91,4 @@ def _inside(folder: Path, written: str) -> Path | None:
         return None
     base = folder.resolve()
     path = (base / written).resolve()
-    return path if base in path.parents and path.is_file() else None
+    return path if base in path.parents else None

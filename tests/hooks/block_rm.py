@@ -5,7 +5,7 @@ import json
 import re
 import sys
 
-DANGEROUS = re.compile(r"\brm\s+(-\w*[rR]\w*f\w*|-\w*f\w*[rR]\w*|-[rR]\s+-f|-f\s+-[rR]|--recursive\s+--force)\b")
+DANGEROUS = re.compile(r"\brm\s+(-\w*[rR]\w*f\w*|-\w*f\w*[rR]\w*|-[rR]\s+-f|-f\s+-[rR])\b")
 
 data = json.load(sys.stdin)
 command = data.get("tool_input", {}).get("command", "")

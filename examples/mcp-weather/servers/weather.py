@@ -11,13 +11,14 @@ the official MCP Python SDK (`mcp` 2.x, high-level `MCPServer` API).
 from __future__ import annotations
 
 import hashlib
+import string
 import sys
 from typing import Annotated
 
 from mcp.server.mcpserver import MCPServer
 from pydantic import Field
 
-SKIES = ("sunny", "partly cloudy", "overcast", "light rain", "showers", "thunderstorms", "fog", "snow")
+SKIES = ("sunny", "partly cloudy", "overcast", "light rain", "showers", "thunderstorms", "fog")
 WINDS = ("calm", "a light breeze", "a moderate wind", "strong gusts")
 
 server = MCPServer("weather", instructions="Offline, deterministic weather forecasts.")
@@ -26,11 +27,13 @@ server = MCPServer("weather", instructions="Offline, deterministic weather forec
 @server.tool(description="Tomorrow's weather forecast for a city (offline and deterministic).")
 def forecast(city: Annotated[str, Field(description="The city, e.g. Lisbon.")]) -> str:
     """Tomorrow's forecast for `city`."""
-    name = " ".join(city.split()).title() or "Nowhere"
+    name = string.capwords(city) or "Nowhere"
     seed = hashlib.sha256(name.lower().encode()).digest()
     sky = SKIES[seed[0] % len(SKIES)]
-    high = -8 + seed[1] % 10 if sky == "snow" else 2 + seed[1] % 30
+    high = -5 + seed[1] % 36
     low = high - 3 - seed[2] % 8
+    if high <= 1 and sky in ("light rain", "showers"):
+        sky = "snow"
     wind = WINDS[seed[3] % len(WINDS)]
     return f"{name}: {sky}, {low}°C to {high}°C, {wind}."
 

@@ -1,0 +1,303 @@
+"""Tool calls that wait on a person: `permission: ask`, hooks that ask, and the audit trail, through a
+real Corral on loopback (and its MCP endpoint, with the official `mcp` client).
+
+The `risky` tool asks; `tame` allows, but its agent has the `ask.py` hook of tests/hooks/. Both
+append their argument to `ran.log` before answering, so whether a tool ran is read from disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import mcp.types as types
+import pytest
+from mcp import Client
+
+from tests.conftest import corral_server, write_tree
+from tests.live import ended, named, read_events, sse
+
+pytestmark = pytest.mark.anyio
+PY = sys.executable
+KEY = "k-perm-5e1f0a9c"
+RAN_PY = """import pathlib, sys
+with (pathlib.Path(sys.argv[1]) / "ran.log").open("a") as log:
+    log.write(sys.argv[2] + "\\n")
+print("ran: " + sys.argv[2])
+"""
+SCRIPT = [
+    {"when": "^run (?P<command>.+)$", "tool_call": {"name": "risky", "arguments": {"command": "{command}"}},
+     "reply": "tool said: {tool_result}"},
+    {"when": "^tame (?P<command>.+)$", "tool_call": {"name": "tame", "arguments": {"command": "{command}"}},
+     "reply": "tool said: {tool_result}"},
+]
+
+
+def definitions(root: Path, marker_dir: Path) -> Path:
+    def tool(name: str, permission: str) -> dict[str, Any]:
+        return {"kind": "Tool", "name": name, "description": f"{name}: it only writes its input down.",
+                "permission": permission,
+                "input_schema": {"type": "object", "properties": {"command": {"type": "string"}},
+                                 "required": ["command"]},
+                "command": {"argv": [PY, "scripts/ran.py", str(marker_dir), "{command}"], "timeout_s": 10}}
+
+    documents = [
+        {"kind": "Model", "name": "scripted", "provider": "scripted", "script": SCRIPT},
+        tool("risky", "ask"), tool("tame", "allow"),
+        {"kind": "Hook", "name": "ask-first", "event": "PreToolUse", "matcher": "tame",
+         "command": [PY, "hooks/ask.py"]},
+        {"kind": "Agent", "name": "careful", "description": "Asks before it runs anything.",
+         "model": "scripted", "tools": ["risky"]},
+        {"kind": "Agent", "name": "hooked", "model": "scripted", "tools": ["tame"], "hooks": ["ask-first"]},
+    ]
+    (root / "hooks").mkdir(parents=True)
+    shutil.copy(Path(__file__).parent / "hooks" / "ask.py", root / "hooks" / "ask.py")
+    return write_tree(root, {"scripts/ran.py": RAN_PY,
+                             "defs.yaml": "\n---\n".join(json.dumps(d) for d in documents)})
+
+
+class Served:
+    """A Corral serving the definitions above, and where its tools write down what they ran."""
+
+    def __init__(self, url: str, marker_dir: Path):
+        self.url = url
+        self.marker_dir = marker_dir
+
+    def ran(self) -> list[str]:
+        log = self.marker_dir / "ran.log"
+        return log.read_text().splitlines() if log.exists() else []
+
+
+@contextmanager
+def serving(root: Path, **settings: Any) -> Iterator[Served]:
+    marker_dir = root / "markers"
+    marker_dir.mkdir(parents=True)
+    with corral_server(definitions(root / "defs", marker_dir), root / "state", shutdown_grace_s=1,
+                       **settings) as url:
+        yield Served(url, marker_dir)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    with serving(tmp_path_factory.mktemp("permissions")) as found:
+        yield found
+
+
+@pytest.fixture
+async def client(served: Served) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=served.url, timeout=15, trust_env=False) as http:
+        yield http
+
+
+async def conversation(client: httpx.AsyncClient, agent: str = "careful") -> str:
+    created = await client.post("/v1/conversations", json={"agent": agent})
+    assert created.status_code == 201, created.text
+    return created.json()["id"]
+
+
+async def asked(client: httpx.AsyncClient, conversation_id: str) -> dict[str, Any]:
+    """The first permission request of the conversation (waiting for it to come)."""
+    return (await read_events(client, conversation_id, named("permission.requested")))[-1].data
+
+
+async def decide(client: httpx.AsyncClient, conversation_id: str, request_id: str,
+                 decision: str) -> httpx.Response:
+    return await client.post(f"/v1/conversations/{conversation_id}/permissions/{request_id}",
+                             json={"decision": decision})
+
+
+async def audit(client: httpx.AsyncClient, conversation_id: str) -> list[dict[str, Any]]:
+    reply = await client.get(f"/v1/conversations/{conversation_id}/permissions")
+    assert reply.status_code == 200, reply.text
+    return reply.json()["items"]
+
+
+async def answered(client: httpx.AsyncClient, conversation_id: str, content: str, decision: str,
+                   **fields: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Send `content`, answer the permission request it makes; the request and the turn's answer."""
+    replies: list[httpx.Response] = []
+
+    async def send() -> None:
+        replies.append(await client.post(f"/v1/conversations/{conversation_id}/messages",
+                                         json={"content": content, **fields}))
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send)
+            request = await asked(client, conversation_id)
+            decided = await decide(client, conversation_id, request["request_id"], decision)
+            assert decided.status_code == 200, decided.text
+    [reply] = replies
+    assert reply.status_code == 200, reply.text
+    return request, reply.json()
+
+
+async def test_ask_waits_for_a_yes_then_the_turn_goes_on(served: Served, client: httpx.AsyncClient) -> None:
+    conversation_id = await conversation(client)
+    body = {"content": "run echo approved", "stream": True}
+    streamed = []
+    with anyio.fail_after(20):
+        async with client.stream("POST", f"/v1/conversations/{conversation_id}/messages", json=body) as r:
+            assert r.status_code == 200
+            async for event in sse(r):
+                streamed.append(event)
+                if event.name != "permission.requested":
+                    continue
+                request = event.data
+                turn_id = streamed[0].data["turn_id"]
+                status = (await client.get(f"/v1/conversations/{conversation_id}")).json()["status"]
+                assert status == "waiting"
+                turns = (await client.get(f"/v1/conversations/{conversation_id}/turns")).json()["items"]
+                assert [(t["id"], t["status"]) for t in turns] == [(turn_id, "waiting")]
+                [pending] = await audit(client, conversation_id)
+                assert pending["status"] == "pending" and pending["decided_by"] is None
+                assert "echo approved" not in served.ran()
+                decided = await decide(client, conversation_id, request["request_id"], "allow")
+                assert decided.status_code == 200, decided.text
+    [call] = [e.data for e in streamed if e.name == "tool.started"]
+    assert request == {"request_id": request["request_id"], "turn_id": turn_id,
+                       "tool_call_id": call["tool_call_id"], "name": "risky",
+                       "arguments": {"command": "echo approved"}, "reason": None,
+                       "expires_at": request["expires_at"]}
+    assert request["request_id"] and request["expires_at"]
+    assert [e.name for e in streamed if e.name != "message.delta"] == [
+        "turn.started", "tool.started", "permission.requested", "tool.finished", "turn.completed"]
+    said = "".join(e.data["text"] for e in streamed if e.name == "message.delta")
+    assert said == "tool said: ran: echo approved"
+    assert "echo approved" in served.ran()
+    assert (await client.get(f"/v1/conversations/{conversation_id}")).json()["status"] == "idle"
+    turns = (await client.get(f"/v1/conversations/{conversation_id}/turns")).json()["items"]
+    assert [t["status"] for t in turns] == ["completed"]
+    [record] = await audit(client, conversation_id)
+    assert record["request_id"] == request["request_id"] and record["status"] == "allowed"
+    assert record["decided_by"] == "anonymous" and record["decided_at"] >= record["requested_at"]
+    assert record["turn_id"] == turn_id and record["name"] == "risky"
+
+    again = await decide(client, conversation_id, request["request_id"], "deny")
+    assert again.status_code == 409 and again.json()["error"]["code"] == "conflict"
+    assert (await audit(client, conversation_id))[0]["status"] == "allowed"
+    unknown = await decide(client, conversation_id, "perm_nope", "allow")
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "not_found"
+    elsewhere = await decide(client, await conversation(client), request["request_id"], "allow")
+    assert elsewhere.status_code == 404
+    bad = await decide(client, conversation_id, request["request_id"], "maybe")
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_request"
+
+
+async def test_deny_is_a_refusal_the_model_reads(served: Served, client: httpx.AsyncClient) -> None:
+    conversation_id = await conversation(client)
+    request, answer = await answered(client, conversation_id, "run echo refused", "deny")
+    assert answer["status"] == "completed"
+    assert answer["output"] == "tool said: permission denied for risky: denied by a person"
+    [result] = [m for m in answer["messages"] if m["role"] == "tool"]
+    assert result["is_error"] and "echo refused" not in served.ran()
+    [record] = await audit(client, conversation_id)
+    assert (record["request_id"], record["status"], record["decided_by"]) == (request["request_id"], "denied",
+                                                                              "anonymous")
+
+
+async def test_a_hook_that_asks_tightens_an_allowed_tool(served: Served, client: httpx.AsyncClient) -> None:
+    conversation_id = await conversation(client, "hooked")
+    request, answer = await answered(client, conversation_id, "tame echo hooked", "allow")
+    assert request["name"] == "tame" and request["reason"] == "tame needs a human"
+    assert answer["output"] == "tool said: ran: echo hooked" and "echo hooked" in served.ran()
+
+
+async def test_a_second_message_while_waiting_follows_the_busy_rules(served: Served,
+                                                                   client: httpx.AsyncClient) -> None:
+    conversation_id = await conversation(client)
+    url = f"/v1/conversations/{conversation_id}/messages"
+    replies: list[httpx.Response] = []
+
+    async def send(content: str) -> None:
+        replies.append(await client.post(url, json={"content": content}))
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send, "run echo never approved")
+            request = await asked(client, conversation_id)
+            rejected = await client.post(url, json={"content": "hello"})
+            assert rejected.status_code == 409
+            assert rejected.json()["error"]["code"] == "conversation_busy"
+            assert rejected.json()["error"]["details"]["turn_id"] == request["turn_id"]
+            second = await client.post(url, json={"content": "hello", "if_busy": "interrupt"})
+    assert second.status_code == 200 and second.json()["status"] == "completed"
+    assert second.json()["output"] == "hello"
+    [first] = replies
+    assert first.json()["turn_id"] == request["turn_id"] and first.json()["status"] == "cancelled"
+    turns = (await client.get(f"/v1/conversations/{conversation_id}/turns")).json()["items"]
+    assert [t["status"] for t in turns] == ["cancelled", "completed"]
+    assert "echo never approved" not in served.ran()
+    [record] = await audit(client, conversation_id)
+    assert (record["status"], record["decided_by"]) == ("cancelled", "cancellation") and record["decided_at"]
+    late = await decide(client, conversation_id, request["request_id"], "allow")
+    assert late.status_code == 409 and late.json()["error"]["code"] == "conflict"
+    assert "echo never approved" not in served.ran()
+
+
+async def test_an_unanswered_request_expires_as_a_deny(tmp_path: Path) -> None:
+    with serving(tmp_path, permission_timeout_s=1) as served:
+        async with httpx.AsyncClient(base_url=served.url, timeout=15, trust_env=False) as client:
+            conversation_id = await conversation(client)
+            with anyio.fail_after(20):
+                reply = await client.post(f"/v1/conversations/{conversation_id}/messages",
+                                          json={"content": "run echo too late"})
+            assert reply.status_code == 200 and reply.json()["status"] == "completed"
+            assert reply.json()["output"] == (
+                "tool said: permission denied for risky: the permission request expired after 1s")
+            [record] = await audit(client, conversation_id)
+            late = await decide(client, conversation_id, record["request_id"], "allow")
+    assert record["status"] == "expired" and record["decided_by"] == "expiry"
+    assert record["decided_at"] >= record["expires_at"] > record["requested_at"]
+    assert late.status_code == 409 and "echo too late" not in served.ran()
+
+
+async def test_a_decision_names_the_key_by_its_fingerprint(tmp_path: Path) -> None:
+    fingerprint = "key:" + hashlib.sha256(KEY.encode()).hexdigest()[:12]
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with serving(tmp_path, api_keys=f"other-key,{KEY}") as served:
+        async with httpx.AsyncClient(base_url=served.url, timeout=15, trust_env=False,
+                                     headers=headers) as client:
+            conversation_id = await conversation(client)
+            request, answer = await answered(client, conversation_id, "run echo keyed", "allow")
+            raw = (await client.get(f"/v1/conversations/{conversation_id}/permissions")).text
+            async with httpx.AsyncClient(base_url=served.url, trust_env=False) as anonymous:
+                refused = await decide(anonymous, conversation_id, request["request_id"], "deny")
+    assert answer["output"] == "tool said: ran: echo keyed"
+    [record] = json.loads(raw)["items"]
+    assert record["decided_by"] == fingerprint and record["decided_at"]
+    assert KEY not in raw
+    assert refused.status_code == 401
+
+
+async def test_over_mcp_a_call_that_needs_approval_says_how(served: Served,
+                                                            client: httpx.AsyncClient) -> None:
+    with anyio.fail_after(20):
+        async with Client(served.url + "/mcp") as mcp_client:
+            result = await mcp_client.call_tool("careful", {"message": "run echo via mcp"})
+    assert result.is_error
+    text = "".join(c.text for c in result.content if isinstance(c, types.TextContent))
+    assert text.startswith("[permission_required] careful wants to call risky"), text
+    found = re.search(r"/v1/conversations/(\S+)/permissions/(\S+) with", text)
+    assert found, text
+    conversation_id, request_id = found.groups()
+    [pending] = await audit(client, conversation_id)
+    assert pending["request_id"] == request_id and pending["status"] == "pending"
+    assert "echo via mcp" not in served.ran()
+    with anyio.fail_after(20):
+        assert (await decide(client, conversation_id, request_id, "allow")).status_code == 200
+        events = await read_events(client, conversation_id, ended(pending["turn_id"]))
+    assert events[-1].name == "turn.completed"
+    messages = (await client.get(f"/v1/conversations/{conversation_id}/messages")).json()["items"]
+    assert [(m["role"], m["content"]) for m in messages if m["role"] != "tool"] == [
+        ("user", "run echo via mcp"), ("assistant", ""), ("assistant", "tool said: ran: echo via mcp")]
+    assert "echo via mcp" in served.ran()
