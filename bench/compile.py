@@ -12,7 +12,10 @@ scripts that count in digests, then measures:
   description (a different file each time), median of ~20 edits;
 - no-change recompile: the same `Compiler` again with nothing edited.
 
-Targets: cold compile <= 1 s, one-file recompile <= 50 ms. When one is
+Each row gives wall times (best, median) and the median CPU time of this
+process, which a busy machine inflates less; the header shows the load.
+
+Targets: cold compile <= 1 s, one-file recompile <= 50 ms (wall medians). When one is
 missed (or with `--profile`), the top cProfile hotspots of that measure are
 printed. `--check` makes a missed target exit 1; `--out DIR` keeps the tree.
 """

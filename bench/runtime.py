@@ -19,9 +19,14 @@ CPU time of each is read apart from the other's and from this client's
   the one server process: all open (HTTP 200 and `corral_active_streams`),
   live events still delivered while they are, RSS with them open.
 
-The client, Corral and the fake share the machine's cores, so throughput is
-a same-run ratio, not an absolute capacity. `--check` exits 1 when a target
-is missed; `--profile` runs the Corral process under cProfile and prints its
+Direct calls and Corral turns are measured in alternation (latency samples
+in pairs, throughput in alternating runs of `THROUGHPUT_S` / 2 seconds), so a
+machine busy with something else slows both sides alike; the ratios are the
+figures to read. The client, Corral and the fake share the machine's cores:
+throughput is a same-run ratio, not a capacity, and the fake's CPU per
+request (same uvicorn and Starlette, no work) is the floor any Python HTTP
+server here pays. `--check` exits 1 when a target is missed; `--profile`
+runs the Corral process under cProfile from the warm-up on and prints its
 hotspots (the profiler inflates every figure of that run).
 """
 
@@ -290,12 +295,20 @@ async def create_many(client: httpx.AsyncClient, count: int) -> list[str]:
     return ids
 
 
-async def latencies(calls: list[Callable[[], Awaitable[None]]]) -> list[float]:
-    samples = []
-    for call in calls:
-        start = time.perf_counter()
-        await call()
-        samples.append(time.perf_counter() - start)
+async def paired(a: list[Callable[[], Awaitable[None]]], b: list[Callable[[], Awaitable[None]]],
+                 block: int = 10) -> tuple[list[float], list[float]]:
+    """Latencies of the calls of `a` and of `b`, `block` of one then `block` of the other.
+
+    Both series see the same machine load; in blocks, not one by one, so that what
+    a server still does after answering slows the other series' calls less.
+    """
+    samples: tuple[list[float], list[float]] = ([], [])
+    for first in range(0, len(a), block):
+        for calls, series in zip((a, b), samples, strict=True):
+            for call in calls[first:first + block]:
+                start = time.perf_counter()
+                await call()
+                series.append(time.perf_counter() - start)
     return samples
 
 
@@ -340,50 +353,76 @@ class Meter:
             time.process_time() - self.client
 
 
-async def measure_direct(fake_url: str, res: Results, fake: Proc) -> None:
-    async with _client(fake_url) as client:
-        for _ in range(50):
-            await direct_call(client)
-            await direct_stream(client)
-        samples = await latencies([lambda: direct_call(client)] * LATENCY_SAMPLES)
-        res.values["direct_p50"] = statistics.median(samples)
-        res.values["direct_p90"] = statistics.quantiles(samples, n=10)[-1]
-        samples = await latencies([lambda: direct_stream(client)] * LATENCY_SAMPLES)
-        res.values["direct_stream_p50"] = statistics.median(samples)
-        meter = Meter(fake)
-        done, wall = await concurrently([lambda: direct_call(client)] * CONCURRENCY, THROUGHPUT_S)
-        (fake_cpu,), client_cpu = meter.used()
-    res.values["direct_rps"] = done / wall
-    res.values["direct_fake_cpu"] = fake_cpu / done
-    res.notes.append(f"direct throughput: {done} calls in {wall:.2f}s; CPU fake {fake_cpu:.2f}s, "
-                     f"client {client_cpu:.2f}s")
+async def measure_latency(direct: httpx.AsyncClient, client: httpx.AsyncClient, res: Results,
+                          corral: Proc, fake: Proc) -> None:
+    """Direct calls and Corral turns one after the other, so that both see the same load."""
+    n = LATENCY_SAMPLES
+    ids = await create_many(client, 2 * n + 20)
+    for conversation in ids[:20]:  # warm-up
+        await direct_call(direct)
+        await direct_stream(direct)
+        await corral_turn(client, conversation)
+    corral.start_profile()
+    meter = Meter(corral, fake)  # only the non-streaming turns run on Corral meanwhile
+    plain, turns = await paired([_bind(direct_call, direct)] * n,
+                                [_bind(corral_turn, client, c) for c in ids[20:20 + n]])
+    (server_cpu, fake_cpu), _ = meter.used()
+    res.values["cpu_seq"] = server_cpu / n
+    res.values["fake_cpu_seq"] = fake_cpu / (2 * n)  # n direct calls, n from Corral
+    streamed, stream_turns = await paired([_bind(direct_stream, direct)] * n,
+                                          [_bind(corral_stream_turn, client, c) for c in ids[20 + n:]])
+    for key, samples in (("direct", plain), ("turn", turns), ("direct_stream", streamed),
+                         ("turn_stream", stream_turns)):
+        res.values[f"{key}_p50"] = statistics.median(samples)
+        res.values[f"{key}_p90"] = statistics.quantiles(samples, n=10)[-1]
+    v = res.values
+    res.notes.append(f"latency p90 ({n} each, interleaved): direct {_ms(v['direct_p90'])}, corral turn "
+                     f"{_ms(v['turn_p90'])}; streaming: direct {_ms(v['direct_stream_p90'])}, "
+                     f"corral {_ms(v['turn_stream_p90'])}")
 
 
-async def measure_turns(base: str, res: Results, corral: Proc, fake: Proc) -> None:
-    async with _client(base) as client:
-        ids = await create_many(client, LATENCY_SAMPLES * 2 + 20)
-        for conversation in ids[:20]:  # warm-up
-            await corral_turn(client, conversation)
-        corral.start_profile()
-        meter = Meter(corral, fake)
-        samples = await latencies([_bind(corral_turn, client, c) for c in ids[20:20 + LATENCY_SAMPLES]])
-        (server_cpu, fake_cpu), _ = meter.used()
-        res.values["turn_p50"] = statistics.median(samples)
-        res.values["turn_p90"] = statistics.quantiles(samples, n=10)[-1]
-        res.values["cpu_seq"] = server_cpu / LATENCY_SAMPLES
-        res.values["fake_cpu_seq"] = fake_cpu / LATENCY_SAMPLES
-        samples = await latencies([_bind(corral_stream_turn, client, c) for c in ids[20 + LATENCY_SAMPLES:]])
-        res.values["turn_stream_p50"] = statistics.median(samples)
+@dataclass
+class Tally:
+    """Calls, wall seconds and CPU seconds (per server process, and this client's) over some runs."""
 
-        ids = await create_many(client, CONCURRENCY)
-        meter = Meter(corral, fake)
-        done, wall = await concurrently([_bind(corral_turn, client, c) for c in ids], THROUGHPUT_S)
-        (server_cpu, fake_cpu), client_cpu = meter.used()
-    res.values["turn_rps"] = done / wall
-    res.values["cpu_conc"] = server_cpu / done
-    res.values["fake_cpu_conc"] = fake_cpu / done
-    res.notes.append(f"corral throughput: {done} turns ({CONCURRENCY} conversations) in {wall:.2f}s; "
-                     f"CPU corral {server_cpu:.2f}s, fake {fake_cpu:.2f}s, client {client_cpu:.2f}s")
+    calls: int = 0
+    wall: float = 0.0
+    cpu: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    client_cpu: float = 0.0
+
+    def add(self, calls: int, wall: float, meter: Meter) -> None:
+        cpu, client_cpu = meter.used()
+        self.calls += calls
+        self.wall += wall
+        self.cpu = [total + more for total, more in zip(self.cpu, [*cpu, 0.0], strict=False)]
+        self.client_cpu += client_cpu
+
+
+async def measure_throughput(direct: httpx.AsyncClient, client: httpx.AsyncClient, res: Results,
+                             corral: Proc, fake: Proc, rounds: int = 2) -> None:
+    """Direct and through Corral, `rounds` alternating runs of each, `THROUGHPUT_S` in all per side."""
+    ids = await create_many(client, CONCURRENCY)
+    sides = {
+        "direct": ([_bind(direct_call, direct)] * CONCURRENCY, (fake,)),
+        "corral": ([_bind(corral_turn, client, c) for c in ids], (corral, fake)),
+    }
+    tallies = {name: Tally() for name in sides}
+    for _ in range(rounds):
+        for name, (workers, procs) in sides.items():
+            meter = Meter(*procs)
+            done, wall = await concurrently(workers, THROUGHPUT_S / rounds)
+            tallies[name].add(done, wall, meter)
+    t = tallies["direct"]
+    res.values["direct_rps"] = t.calls / t.wall
+    res.values["direct_fake_cpu"] = t.cpu[0] / t.calls
+    res.notes.append(f"direct throughput: {t.calls} calls in {t.wall:.2f}s; CPU fake {t.cpu[0]:.2f}s, "
+                     f"client {t.client_cpu:.2f}s")
+    t = tallies["corral"]
+    res.values["turn_rps"] = t.calls / t.wall
+    res.values["cpu_conc"] = t.cpu[0] / t.calls
+    res.values["fake_cpu_conc"] = t.cpu[1] / t.calls
+    res.notes.append(f"corral throughput: {t.calls} turns ({CONCURRENCY} conversations) in {t.wall:.2f}s; "
+                     f"CPU corral {t.cpu[0]:.2f}s, fake {t.cpu[1]:.2f}s, client {t.client_cpu:.2f}s")
 
 
 def _bind(fn: Callable[..., Awaitable[None]], *args: Any) -> Callable[[], Awaitable[None]]:
@@ -544,7 +583,7 @@ def print_profile(path: Path, out: io.TextIOBase, top: int = 30) -> None:
     stats = pstats.Stats(str(path), stream=buf)
     stats.sort_stats("tottime").print_stats(top)
     body = buf.getvalue()
-    print(f"\n--- cProfile of the Corral process (whole run): top {top} by own time ---", file=out)
+    print(f"\n--- cProfile of the Corral process from warm-up on: top {top} by own time ---", file=out)
     print(body[body.find("   ncalls"):].rstrip(), file=out)
     buf = io.StringIO()
     stats.stream = buf
@@ -569,8 +608,9 @@ async def run(fake: Proc, fake_url: str, corral: Proc, base: str) -> Results:
     async with _client(base) as client:  # one turn, then the idle footprint
         await corral_turn(client, await create_conversation(client))
     res.values["idle_rss"] = corral.rss_mb()
-    await measure_direct(fake_url, res, fake)
-    await measure_turns(base, res, corral, fake)
+    async with _client(fake_url) as direct, _client(base) as client:
+        await measure_latency(direct, client, res, corral, fake)
+        await measure_throughput(direct, client, res, corral, fake)
     await measure_streams(base, res, corral)
     return res
 

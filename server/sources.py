@@ -82,7 +82,7 @@ def definition_files(root: Path) -> tuple[list[Path], list[DefinitionError]]:
                 pending.append(Path(entry.path))
             elif kind == "file" and entry.name.endswith(YAML_SUFFIXES):
                 found.append(Path(entry.path))
-    return sorted(found), errors
+    return sorted(found, key=lambda p: p.parts), errors  # the order of Path comparison, cheaper
 
 
 def _entry_kind(root: Path, entry: os.DirEntry, errors: list[DefinitionError]) -> str:

@@ -173,7 +173,11 @@ class _Builder:
         if tag not in _SCALAR_TAGS:
             raise YAMLProblem(f"unsupported tag {tag}", self.pos(event.start_mark))
         node = yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark, event.style)
-        value = _constructor.yaml_constructors[tag](_constructor, node)
+        try:
+            value = _constructor.yaml_constructors[tag](_constructor, node)
+        except ValueError:  # what YAML 1.1 resolves as an int may not parse as one: `0x_`, `0b_`
+            kind = tag.rsplit(":", 1)[-1]
+            raise YAMLProblem(f"not a valid {kind}: {event.value!r}", self.pos(event.start_mark)) from None
         if isinstance(value, float) and not math.isfinite(value):
             raise YAMLProblem("numbers must be finite (no .inf or .nan)", self.pos(event.start_mark))
         return value

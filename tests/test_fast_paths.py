@@ -5,7 +5,8 @@
 - `metaschema.plainly_valid` skips jsonschema's meta-schema check for common
   input schemas: it may only say True where jsonschema accepts the schema.
 - `yamltext` makes plain scalars strings without the resolver where no
-  implicit tag can apply: values must be PyYAML's.
+  implicit tag can apply: values must be PyYAML's (and where PyYAML's
+  constructor fails, as on `0x_`, a located YAMLProblem, not a crash).
 """
 
 from __future__ import annotations
@@ -172,6 +173,10 @@ def test_plain_scalars_resolve_as_pyyaml(text: str, template: str) -> None:
         expected = yaml.load(source, Loader=yaml.CSafeLoader)
     except yaml.YAMLError:
         return
+    except ValueError:  # `0x_` resolves as an int that int() refuses: Corral says so
+        with pytest.raises(YAMLProblem, match="not a valid"):
+            parse_yaml(source)
+        return
     if not all(_json_like(v) for v in _leaves(expected)):  # Corral keeps timestamps as text
         return
     if not _string_keys(expected):  # Corral keeps keys as their text
@@ -221,3 +226,10 @@ def _typed(value: Any) -> Any:
     if isinstance(value, list):
         return [_typed(v) for v in value]
     return (type(value).__name__, value)
+
+
+@pytest.mark.parametrize("text", ["0x_", "-0b_", "+0x_"])
+def test_numbers_that_do_not_parse_are_located_problems(text: str) -> None:
+    with pytest.raises(YAMLProblem, match="not a valid int") as caught:
+        parse_yaml(f"kind: Model\nretries: {text}\n")
+    assert (caught.value.position.line, caught.value.position.column) == (2, 10)

@@ -26,7 +26,7 @@ import pytest
 
 from server.api import create_app
 from server.settings import Settings
-from tests.conftest import write_tree
+from tests.conftest import corral_server, write_tree
 from tests.fakes import Cut, FakeOpenAI, Malformed, Reply, Stall, Status, serve
 from tests.live import ended, gated_definitions, named, open_gate, read_events
 from tests.server_process import ServerProcess
@@ -130,11 +130,9 @@ def fake() -> FakeOpenAI:
 @pytest.fixture(scope="module")
 def base_url(fake: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("faults")
-    with serve(fake.app) as fake_url:
-        settings = Settings(definitions=definitions(root / "defs", fake_url), state_dir=root / "state",
-                            watch=False)
-        with serve(create_app(settings), graceful_s=5.0) as url:
-            yield url
+    with serve(fake.app) as fake_url, corral_server(definitions(root / "defs", fake_url),
+                                                     root / "state") as url:
+        yield url
 
 
 @pytest.fixture
@@ -302,7 +300,6 @@ async def test_sigterm_drains_running_turns(tmp_path: Path) -> None:
     finally:
         open_gate(short)
         open_gate(long_)
-    print(f"SIGTERM to exit: {took:.2f}s", answers[b])
     assert code in (0, -signal.SIGTERM) and took < 2 + 5, (code, took, server.stderr)
     assert isinstance(answers[c], httpx.HTTPError) or answers[c]["error"]["code"] == "overloaded"
     assert answers[a]["status"] == "completed" and answers[a]["output"] == "passed the gate"

@@ -123,7 +123,9 @@ class HookServer:
         return JSONResponse(HTTP_DENY)
 
 
-class Setup:
+class Served:
+    """The Corral serving these agents, its HTTP hook, and what the `bash` tool ran."""
+
     def __init__(self, url: str, marker_dir: Path, hook_server: HookServer):
         self.url = url
         self.marker_dir = marker_dir
@@ -135,7 +137,7 @@ class Setup:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     root = tmp_path_factory.mktemp("hooks-e2e")
     marker_dir = root / "markers"
     marker_dir.mkdir()
@@ -143,12 +145,12 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     with serve(hook_server.app) as hook_url:
         defs = definitions(root / "defs", marker_dir, hook_url + "/hook")
         with corral_server(defs, root / "state") as url:
-            yield Setup(url, marker_dir, hook_server)
+            yield Served(url, marker_dir, hook_server)
 
 
 @pytest.fixture
-async def client(setup: Setup) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=setup.url, timeout=15, trust_env=False) as http:
+async def client(served: Served) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=served.url, timeout=15, trust_env=False) as http:
         yield http
 
 
@@ -167,22 +169,22 @@ def tool_results(answer: dict[str, Any]) -> list[dict[str, Any]]:
     return [m for m in answer["messages"] if m["role"] == "tool"]
 
 
-async def test_block_rm_refuses_and_the_model_reads_why(setup: Setup, client: httpx.AsyncClient) -> None:
+async def test_block_rm_refuses_and_the_model_reads_why(served: Served, client: httpx.AsyncClient) -> None:
     _, answer = await talk(client, "blocker", "run rm -rf /")
     reason = "Blocked: `rm -rf /` deletes recursively; remove files one by one."
     assert answer["status"] == "completed"
     assert answer["output"] == f"tool said: permission denied for bash: {reason}"
     [result] = tool_results(answer)
     assert result["is_error"] and reason in result["content"]
-    assert "rm -rf /" not in setup.ran()
+    assert "rm -rf /" not in served.ran()
     _, harmless = await talk(client, "blocker", "run rm notes.txt")  # the same hook lets this one through
-    assert harmless["output"] == "tool said: ran: rm notes.txt" and "rm notes.txt" in setup.ran()
+    assert harmless["output"] == "tool said: ran: rm notes.txt" and "rm notes.txt" in served.ran()
 
 
-async def test_updated_input_is_what_the_tool_gets(setup: Setup, client: httpx.AsyncClient) -> None:
+async def test_updated_input_is_what_the_tool_gets(served: Served, client: httpx.AsyncClient) -> None:
     _, answer = await talk(client, "rewriter", "run cat /etc/shadow")
     assert answer["output"] == "tool said: ran: echo rewritten"
-    assert "cat /etc/shadow" not in setup.ran() and "echo rewritten" in setup.ran()
+    assert "cat /etc/shadow" not in served.ran() and "echo rewritten" in served.ran()
 
 
 async def test_additional_context_reaches_the_model(client: httpx.AsyncClient) -> None:
@@ -199,7 +201,7 @@ async def test_additional_context_reaches_the_model(client: httpx.AsyncClient) -
     ("crash-deny", False, "hook crash-deny failed (exit code 1)"),
     ("crash-allow", True, None),
 ])
-async def test_a_failing_hook_follows_on_error(setup: Setup, client: httpx.AsyncClient, agent: str,
+async def test_a_failing_hook_follows_on_error(served: Served, client: httpx.AsyncClient, agent: str,
                                                runs: bool, failure: str | None) -> None:
     command = f"echo from {agent}"
     _, answer = await talk(client, agent, f"run {command}")
@@ -208,16 +210,16 @@ async def test_a_failing_hook_follows_on_error(setup: Setup, client: httpx.Async
         assert answer["output"] == f"tool said: ran: {command}"
     else:
         assert answer["output"] == f"tool said: permission denied for bash: {failure}"
-    assert (command in setup.ran()) is runs
+    assert (command in served.ran()) is runs
 
 
-async def test_an_http_hook_gets_the_payload_and_its_deny_holds(setup: Setup,
+async def test_an_http_hook_gets_the_payload_and_its_deny_holds(served: Served,
                                                                 client: httpx.AsyncClient) -> None:
     conversation_id, answer = await talk(client, "http-hooked", "run echo over http")
     assert answer["output"] == "tool said: permission denied for bash: the HTTP hook says no"
-    assert "echo over http" not in setup.ran()
+    assert "echo over http" not in served.ran()
     [call] = [c for m in answer["messages"] for c in m.get("tool_calls", ())]
-    [payload] = [p for p in setup.hook_server.payloads if p["session_id"] == conversation_id]
+    [payload] = [p for p in served.hook_server.payloads if p["session_id"] == conversation_id]
     assert payload["hook_event_name"] == "PreToolUse"
     assert payload["tool_name"] == "bash" and payload["tool_input"] == {"command": "echo over http"}
     assert payload["tool_use_id"] == call["id"]
@@ -226,10 +228,10 @@ async def test_an_http_hook_gets_the_payload_and_its_deny_holds(setup: Setup,
     assert Path(payload["cwd"]).is_dir()
 
 
-async def test_deny_beats_ask_beats_allow(setup: Setup, client: httpx.AsyncClient) -> None:
+async def test_deny_beats_ask_beats_allow(served: Served, client: httpx.AsyncClient) -> None:
     _, answer = await talk(client, "strictest", "run echo strictest")
     assert answer["output"] == "tool said: permission denied for bash: three hooks, and this one says no"
-    assert "echo strictest" not in setup.ran()
+    assert "echo strictest" not in served.ran()
 
     created = await client.post("/v1/conversations", json={"agent": "asker"})
     conversation_id = created.json()["id"]
@@ -240,13 +242,13 @@ async def test_deny_beats_ask_beats_allow(setup: Setup, client: httpx.AsyncClien
             events = await read_events(client, conversation_id, named("permission.requested"))
             asked = events[-1].data
             assert asked["reason"] == "bash needs a human" and asked["arguments"] == {"command": "echo asked"}
-            assert "echo asked" not in setup.ran()
+            assert "echo asked" not in served.ran()
             decided = await client.post(
                 f"/v1/conversations/{conversation_id}/permissions/{asked['request_id']}",
                 json={"decision": "allow"})
             assert decided.status_code == 200, decided.text
         events = await read_events(client, conversation_id, ended())
-    assert events[-1].name == "turn.completed" and "echo asked" in setup.ran()
+    assert events[-1].name == "turn.completed" and "echo asked" in served.ran()
 
 
 async def test_a_blocked_prompt_fails_the_turn(client: httpx.AsyncClient) -> None:

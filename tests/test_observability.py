@@ -156,12 +156,14 @@ async def test_busy_and_stream_gauges_follow_what_is_open(gated_url: str, tmp_pa
                     await wait_for_gauge(client, "corral_active_streams", 0)  # read_events has left
                     now = parse((await client.get("/metrics")).text)
                     assert family(now, "corral_busy_conversations") == {(): 1}
-                    async with client.stream("GET", f"/v1/conversations/{cid}/events") as events:
-                        async for event in sse(events):
-                            assert event.name == "turn.started"  # the stream is counted by now
-                            break
+                    async with client.stream("GET", f"/v1/conversations/{cid}/events") as response:
+                        # Held in a name: a generator left by `break` is closed when collected, and
+                        # would take the connection with it.
+                        events = sse(response)
+                        assert (await anext(events)).name == "turn.started"  # counted by now
                         assert gauge_of(await client.get("/metrics"), "corral_active_streams") == 1
                         open_gate(gate)
+                        await events.aclose()
                     await wait_for_gauge(client, "corral_busy_conversations", 0)
                     await wait_for_gauge(client, "corral_active_streams", 0)
         finally:
