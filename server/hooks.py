@@ -38,6 +38,7 @@ from .documents import HOOK_EVENTS
 from .hook_protocol import Answer, HookFailed, Verdict, blocked, combine, read_output
 from .processes import StartFailed, run_process
 from .templates import MissingSecret, resolve_secrets
+from .vault import NO_VAULT, FileChanged, FileVault
 
 __all__ = ["EVENT_NAMES", "Hooks", "Verdict"]
 
@@ -60,7 +61,9 @@ class Hooks:
         http: httpx.AsyncClient,
         environ: Mapping[str, str],
         base: Mapping[str, Any],
+        files: FileVault = NO_VAULT,
     ):
+        self.files = files
         self.hooks = tuple(hooks)
         self.root = root
         self.http = http
@@ -119,7 +122,10 @@ class Hooks:
 
     async def _command(self, hook: HookDefinition, event: str, body: bytes) -> Answer:
         assert hook.command is not None
-        argv = [str(self.root / item) if item in hook.files else item for item in hook.command]
+        try:
+            argv = self.files.argv(self.root, hook.command, hook.files)
+        except FileChanged as exc:
+            raise HookFailed(f"hook {hook.name}: {exc}") from None
         env = {**os.environ, **self.environ, "CORRAL_PROJECT_DIR": str(self.root),
                "CLAUDE_PROJECT_DIR": str(self.root)}
         try:

@@ -27,6 +27,7 @@ from .definitions import (
 )
 from .errors import RequestError
 from .store.base import Store, StoredDefinition
+from .vault import NO_VAULT, FileVault
 
 ALIAS = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 
@@ -46,9 +47,10 @@ def split_ref(ref: str) -> tuple[str, str | None]:
 
 
 class Registry:
-    def __init__(self, definitions: DefinitionSet, store: Store):
+    def __init__(self, definitions: DefinitionSet, store: Store, files: FileVault = NO_VAULT):
         self.current = definitions
         self.store = store
+        self.files = files
         self._served: dict[str, Closure] = {}
         self._remember(definitions)
 
@@ -62,6 +64,10 @@ class Registry:
     async def persist(self, definitions: DefinitionSet) -> None:
         """Save every definition of `definitions` (known digests are skipped by the store)."""
         now = time.time()
+        for d in definitions:
+            files = getattr(d, "files", None)
+            if files:
+                self.files.keep(getattr(d, "folder", None) or definitions.root, files)
         await self.store.save_definitions([
             StoredDefinition(kind=d.kind, name=d.name, digest=d.digest, spec=dict(d.spec), first_seen=now)
             for d in definitions

@@ -32,6 +32,7 @@ from .tools.base import ToolContext, ToolPort
 from .tools.guard import Guarded
 from .tools.skills import ActivateSkill, ReadSkillResource, skills_prompt
 from .tools.subagent import SubAgentTool
+from .vault import NO_VAULT, FileVault
 
 if TYPE_CHECKING:
     from .hooks import Hooks
@@ -48,11 +49,13 @@ class MCPToolSource(Protocol):
 class Runtime:
     def __init__(self, http: httpx.AsyncClient, environ: Mapping[str, str] | None = None,
                  mcp: MCPToolSource | None = None, permissions: PermissionBroker | None = None,
+                 files: FileVault = NO_VAULT,
                  metrics: Metrics | None = None):
         self.http = http
         self.environ = os.environ if environ is None else environ
         self.mcp = mcp
         self.permissions = permissions
+        self.files = files
         self.metrics = metrics
 
     # --- models --------------------------------------------------------------
@@ -146,7 +149,8 @@ class Runtime:
 
         base = {"session_id": context.conversation_id, "cwd": str(closure.root),
                 "corral": {"agent": context.agent, "digest": context.digest, "turn_id": context.turn_id}}
-        return Hooks(found, root=closure.root, http=self.http, environ=self.environ, base=base)
+        return Hooks(found, root=closure.root, http=self.http, environ=self.environ, base=base,
+                     files=self.files)
 
     # --- plans ---------------------------------------------------------------
 

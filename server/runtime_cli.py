@@ -79,9 +79,6 @@ def _is_loopback(host: str) -> bool:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from .api import create_app
     from .compiler import Compiler
 
     settings = settings_from(args)
@@ -96,6 +93,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   "(set keys, or pass --insecure to accept the risk)", file=sys.stderr)
             return 2
         print(f"WARNING: serving {settings.host} WITHOUT authentication (--insecure)", file=sys.stderr)
+    import uvicorn
+
+    from .api import create_app  # imported after the checks: it is slow (the mcp SDK), a refusal is not
+
     logs.configure(settings.log_level, settings.log_format)
     app = create_app(settings)
     config = uvicorn.Config(

@@ -32,6 +32,7 @@ from .settings import Settings
 from .store.base import Store
 from .swaps import Swapper, check_locked
 from .tools.mcp import MCPConnections
+from .vault import FileVault
 from .watcher import watch
 
 log = logging.getLogger("corral")
@@ -81,14 +82,15 @@ async def open_service(settings: Settings) -> AsyncIterator[Service]:
     try:
         await _recover(store)
         hub, metrics = EventHub(), Metrics()
-        registry = Registry(definitions, store)
+        files = FileVault(settings.state_dir / "files")
+        registry = Registry(definitions, store, files)
         await registry.persist(definitions)
         timeout = httpx.Timeout(60.0, connect=10.0)
         limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
         async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
             permissions = PermissionBroker(store, settings.permission_timeout_s)
-            mcp = _mcp_connections(definitions.root, settings.locked, hub)
-            runtime = Runtime(client, mcp=mcp, permissions=permissions, metrics=metrics)
+            mcp = _mcp_connections(definitions.root, settings.locked, hub, files)
+            runtime = Runtime(client, mcp=mcp, permissions=permissions, metrics=metrics, files=files)
             conversations = Conversations(store, registry, runtime, hub, metrics,
                                           idempotency_ttl_s=settings.idempotency_ttl_s,
                                           max_turns=settings.max_concurrent_turns)
@@ -117,7 +119,7 @@ async def open_service(settings: Settings) -> AsyncIterator[Service]:
             await store.close()
 
 
-def _mcp_connections(root: Path, locked: bool, hub: EventHub) -> MCPConnections:
+def _mcp_connections(root: Path, locked: bool, hub: EventHub, files: FileVault) -> MCPConnections:
     """Connections to MCP servers, checked against the catalogs in corral.lock."""
     try:
         lock = read_lock(root)
@@ -130,7 +132,8 @@ def _mcp_connections(root: Path, locked: bool, hub: EventHub) -> MCPConnections:
         hub.publish_global("mcp.catalog_drift", {"server": server, "expected": expected,
                                                  "observed": observed, "refused": locked})
 
-    return MCPConnections(expected=lock.mcp_catalogs if lock else None, locked=locked, on_drift=on_drift)
+    return MCPConnections(expected=lock.mcp_catalogs if lock else None, locked=locked, on_drift=on_drift,
+                          files=files)
 
 
 async def _reload_on_sighup(swapper: Swapper, task_status=anyio.TASK_STATUS_IGNORED) -> None:

@@ -58,6 +58,11 @@ def check_locked(definitions: DefinitionSet) -> None:
                           + "; ".join(e["message"] for e in errors), code="lock_mismatch", details=errors)
 
 
+def _digest_of(definitions: DefinitionSet, agent: str) -> str | None:
+    found = definitions.get("Agent", agent)
+    return found.digest if found else None
+
+
 def changes_between(previous: DefinitionSet, current: DefinitionSet) -> list[dict[str, Any]]:
     old, new = previous.by_key, current.by_key
     out = []
@@ -113,12 +118,14 @@ class Swapper:
             return
         changes = changes_between(previous, candidate)
         touched = {c["name"] for c in changes if c["kind"] == "Agent" and c["change"] != "added"}
+        await self.registry.swap(candidate)
+        # Listed after the swap: a turn that started while it was being applied ran on the old set too.
         report["busy"] = [
             {"conversation_id": r.turn.conversation_id, "agent": r.turn.agent, "digest": r.turn.digest,
              "turn_id": r.turn.id, "since": iso(r.turn.started_at)}
-            for r in self.conversations.running_turns() if r.turn.agent in touched
+            for r in self.conversations.running_turns()
+            if r.turn.agent in touched and r.turn.digest != _digest_of(candidate, r.turn.agent)
         ]
-        await self.registry.swap(candidate)
         report.update(status="applied", current=candidate.digest, changes=changes)
 
     async def _announce(self, report: dict[str, Any]) -> None:

@@ -70,7 +70,7 @@ class TurnRunner:
         history = [r.message for r in await self.store.list_messages(conversation.id, limit=100_000)]
         context = ToolContext(conversation_id=conversation.id, turn_id=turn.id, agent=turn.agent,
                               digest=turn.digest, root=closure.root, environ=self.runtime.environ,
-                              channel=_Channel(self, conversation.id, turn.id))
+                              channel=_Channel(self, conversation.id, turn.id), files=self.runtime.files)
         try:
             plan = await self.runtime.plan(closure, tuple(repair_history(history)), turn.input, context)
             async for event in run_turn(plan):

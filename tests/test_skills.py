@@ -142,11 +142,13 @@ async def test_a_symlink_planted_after_compiling_is_refused(client: httpx.AsyncC
         link.unlink()
 
 
-async def test_a_file_edited_after_compiling_is_refused(client: httpx.AsyncClient, skill_dir: Path) -> None:
+async def test_a_file_edited_after_compiling_reads_as_compiled(client: httpx.AsyncClient,
+                                                               skill_dir: Path) -> None:
+    # The running definitions' digest covers "as compiled": that is what the model gets (see server/vault.py).
     (skill_dir / "changing.txt").write_text("edited behind the server's back\n")
     result = await tool_result(client, "read pdf changing.txt")
-    assert result["is_error"]
-    assert result["content"] == "'changing.txt' changed on disk since the definitions were compiled"
+    assert not result["is_error"]
+    assert result["content"] == "as compiled\n"
 
 
 async def test_skills_are_mcp_prompts(served: tuple[str, Path]) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..messages import ToolSpec
+from ..vault import NO_VAULT, FileVault
 
 MAX_OUTPUT_BYTES = 256 * 1024
 
@@ -46,6 +47,7 @@ class ToolContext:
     extra: Mapping[str, Any] = field(default_factory=dict)
     call_id: str = ""  # the model's id for this tool call
     channel: TurnChannel | None = None
+    files: FileVault = NO_VAULT  # definition files as compiled (see `vault`)
 
 
 class ToolPort(Protocol):

@@ -24,6 +24,7 @@ from ..definitions import ToolDefinition
 from ..messages import ToolSpec
 from ..processes import Finished, StartFailed, run_process
 from ..templates import SECRET_REF, MissingSecret, MissingValue, render
+from ..vault import FileChanged
 from .base import MAX_OUTPUT_BYTES, ToolContext, ToolOutput
 
 STDERR_TAIL_BYTES = 4096
@@ -73,7 +74,7 @@ class CommandTool:
     async def call(self, arguments: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
         secrets: set[str] = set()
         try:
-            argv = self._argv(arguments, ctx.root)
+            argv = self._argv(arguments, ctx)
             env = self._env(ctx.environ, secrets)
             cwd = self._cwd(ctx.root)
             return await self._run(argv, cwd, env, secrets)
@@ -81,13 +82,13 @@ class CommandTool:
             return ToolOutput(f"missing value for placeholder {{{exc.args[0]}}}", is_error=True)
         except MissingSecret as exc:
             return ToolOutput(f"environment variable {exc.args[0]} is not set", is_error=True)
-        except CommandFailed as exc:
+        except (CommandFailed, FileChanged) as exc:
             return ToolOutput(str(exc), is_error=True)
 
-    def _argv(self, arguments: Mapping[str, Any], root: Path) -> list[str]:
+    def _argv(self, arguments: Mapping[str, Any], ctx: ToolContext) -> list[str]:
         files = self.definition.files
         return [
-            str(root / item) if item in files else render(item, arguments)
+            str(ctx.files.resolve(ctx.root, item, files[item])) if item in files else render(item, arguments)
             for item in self.command["argv"]
         ]
 

@@ -27,6 +27,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from ..canonical import freeze
 from ..definitions import DefinitionSet, MCPServerDefinition
 from ..messages import ToolSpec
+from ..vault import NO_VAULT, FileVault
 from .base import ToolContext, ToolOutput, ToolPort
 from .mcp_catalog import catalog_digest_of, catalog_of, tool_name
 from .mcp_connection import Connection, StartFailed
@@ -73,7 +74,9 @@ class MCPConnections:
     """Supervised connections to the MCP servers of the current definitions."""
 
     def __init__(self, *, environ: Mapping[str, str] | None = None, expected: Mapping[str, str] | None = None,
-                 locked: bool = False, on_drift: DriftCallback | None = None):
+                 locked: bool = False, on_drift: DriftCallback | None = None,
+                 files: FileVault = NO_VAULT):
+        self.files = files
         self.environ = os.environ if environ is None else environ
         self.expected = dict(expected or {})
         self.locked = locked
@@ -129,8 +132,8 @@ class MCPConnections:
         key = (server.digest, root)
         connection = self._connections.get(key)
         if connection is None:
-            connection = self._connections[key] = Connection(server, root, self.environ, self._spawn,
-                                                             self._observed)
+            connection = Connection(server, root, self.environ, self.files, self._spawn, self._observed)
+            self._connections[key] = connection
             self._retire_others(connection)
         return connection
 

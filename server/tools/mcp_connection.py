@@ -36,6 +36,7 @@ from mcp_types import CONNECTION_CLOSED, INVALID_REQUEST, REQUEST_TIMEOUT
 from .. import __version__
 from ..definitions import MCPServerDefinition
 from ..templates import MissingSecret, resolve_secrets
+from ..vault import FileVault
 from .base import ToolOutput
 from .mcp_catalog import render_result
 
@@ -90,9 +91,9 @@ class _Start:
 class Connection:
     """A lazily started, restartable client of one MCPServer definition."""
 
-    def __init__(self, server: MCPServerDefinition, root: Path, environ: Mapping[str, str],
+    def __init__(self, server: MCPServerDefinition, root: Path, environ: Mapping[str, str], files: FileVault,
                  spawn: Callable[..., Any], on_catalog: Callable[[Connection], None]):
-        self.server, self.root, self.environ = server, root, environ
+        self.server, self.root, self.environ, self.files = server, root, environ, files
         self.catalog: list[types.Tool] | None = None  # as last listed
         self.refusal: str | None = None  # set by the owner of drift checks: calls are refused
         self.retired = False
@@ -192,7 +193,7 @@ class Connection:
         server = self.server
 
         def resolve(item: str) -> str:
-            return str(self.root / item) if item in files else item
+            return str(self.files.resolve(self.root, item, files[item])) if item in files else item
 
         env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
         env.update({k: resolve_secrets(v, self.environ) for k, v in server.env.items()})

@@ -13,9 +13,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..canonical import digest_bytes, freeze
+from ..canonical import freeze
 from ..definitions import SkillDefinition
 from ..messages import ToolSpec
+from ..vault import FileChanged
 from .base import ToolContext, ToolOutput, cap_output
 
 ACTIVATE = "activate_skill"
@@ -77,13 +78,13 @@ class ReadSkillResource:
             return ToolOutput(f"{written!r} is outside the skill's folder", is_error=True)
         rel = path.relative_to(skill.folder.resolve()).as_posix()
         expected = skill.files.get(rel)
-        if expected is None or not path.is_file():
+        if expected is None or path.is_dir():
             return ToolOutput(f"skill {skill.name} has no file {written!r}", is_error=True)
-        data = path.read_bytes()
-        if digest_bytes(data) != expected:
-            return ToolOutput(f"{written!r} changed on disk since the definitions were compiled",
-                              is_error=True)
-        return ToolOutput(cap_output(data))
+        try:  # the content the skill was compiled with, even if the file changed since
+            source = ctx.files.resolve(skill.folder.resolve(), rel, expected)
+        except FileChanged as exc:
+            return ToolOutput(str(exc), is_error=True)
+        return ToolOutput(cap_output(source.read_bytes()))
 
 
 def _inside(folder: Path, written: str) -> Path | None:

@@ -1,0 +1,72 @@
+"""What runs is what the digest covered: script and skill files are kept by content."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from server.canonical import digest_bytes
+from server.vault import FileChanged, FileVault
+from tests.conftest import corral_server, write_tree
+
+DEFINITIONS = {
+    "agent.yaml": """
+        kind: Model
+        name: m
+        provider: scripted
+        script:
+          - when: say
+            tool_call: { name: say }
+            reply: "{tool_result}"
+        ---
+        kind: Tool
+        name: say
+        command: { argv: [python3, scripts/say.py] }
+        ---
+        kind: Agent
+        name: a
+        model: m
+        tools: [say]
+        """,
+    "scripts/say.py": "print('version one')\n",
+}
+
+
+def test_resolve_prefers_the_file_then_the_kept_copy(tmp_path: Path) -> None:
+    base = write_tree(tmp_path / "defs", {"s.py": "one\n"})
+    digest = digest_bytes(b"one\n")
+    vault = FileVault(tmp_path / "vault")
+    vault.keep(base, {"s.py": digest})
+    assert vault.resolve(base, "s.py", digest) == base / "s.py"
+    (base / "s.py").write_text("two\n")
+    kept = vault.resolve(base, "s.py", digest)
+    assert kept != base / "s.py" and kept.read_text() == "one\n" and kept.name == "s.py"
+    with pytest.raises(FileChanged, match=r"s\.py changed since this definition was compiled"):
+        FileVault(None).resolve(base, "s.py", digest)
+
+
+def test_keep_skips_a_file_already_edited(tmp_path: Path) -> None:
+    base = write_tree(tmp_path / "defs", {"s.py": "edited\n"})
+    vault = FileVault(tmp_path / "vault")
+    vault.keep(base, {"s.py": digest_bytes(b"original\n")})
+    assert not (tmp_path / "vault").exists()
+
+
+def test_a_pinned_conversation_runs_the_script_its_digest_covered(tmp_path: Path) -> None:
+    root = write_tree(tmp_path / "defs", DEFINITIONS)
+    with corral_server(root, tmp_path / "state") as base, httpx.Client(base_url=base, timeout=30) as client:
+        digest = client.get("/v1/agents/a").json()["digest"]
+        pinned = client.post("/v1/conversations", json={"agent": f"a@{digest}"}).json()["id"]
+        (root / "scripts" / "say.py").write_text("print('version two')\n")
+        report = client.post("/v1/definitions/reload").json()
+        assert report["status"] == "applied"
+        current = client.post("/v1/conversations", json={"agent": "a"}).json()["id"]
+
+        def say(conversation: str) -> str:
+            answer = client.post(f"/v1/conversations/{conversation}/messages", json={"content": "say"})
+            return answer.json()["output"]
+
+        assert say(current) == "version two"
+        assert say(pinned) == "version one"
