@@ -77,9 +77,9 @@ def operations(client: httpx.Client) -> list[tuple[str, str]]:
             for path, methods in document["paths"].items() for method in methods]
 
 
-def status_of(client: httpx.Client, method: str, path: str, headers: dict[str, str]) -> int:
+def status_of(client: httpx.Client, method: str, path: str, headers: dict[str, str], body=None) -> int:
     # Streamed, so an SSE answer is judged by its status line and then dropped.
-    with client.stream(method, path, headers=headers) as response:
+    with client.stream(method, path, headers=headers, json=body) as response:
         if path not in SSE_PATHS or response.status_code != 200:
             response.read()
         return response.status_code
@@ -115,12 +115,7 @@ def test_mcp_needs_a_key_too(keyed_url: str) -> None:
                 response = client.request(method, "/mcp", headers=accept | headers, json=initialize)
                 assert response.status_code == 401 and error_code(response) == "unauthorized", method
         for key in KEYS:
-            assert status_of_post(client, "/mcp", accept | bearer(key), initialize) == 200
-
-
-def status_of_post(client: httpx.Client, path: str, headers: dict[str, str], body: dict) -> int:
-    with client.stream("POST", path, headers=headers, json=body) as response:
-        return response.status_code
+            assert status_of(client, "POST", "/mcp", accept | bearer(key), initialize) == 200
 
 
 # --- the bind refusal -------------------------------------------------------------------
