@@ -4,6 +4,12 @@ An agent's digest covers its closure: the spec plus `closure`, the map from
 `kind/name` to digest of every definition it can reach (model and fallbacks,
 tools, MCP servers, hooks, skills, sub-agents and theirs). A model with
 fallbacks is hashed the same way. Everything else hashes its spec alone.
+
+Linking is incremental: given the `LinkState` of the previous successful
+link over the same names, only the definitions whose spec changed are
+checked, cycles are searched from them, and digests are recomputed only for
+them and for what reaches them. A one-file edit in a set of thousands costs
+in proportion to what it touches.
 """
 
 from __future__ import annotations
@@ -26,6 +32,16 @@ class Linked:
     digest: str
 
 
+@dataclass
+class LinkState:
+    """What a successful link leaves for the next one."""
+
+    specs: dict[Key, dict[str, Any]]  # compared by identity: the compiler reuses unchanged specs
+    edges: dict[Key, list[tuple[tuple, Key]]]
+    linked: dict[Key, Linked]
+    closures: dict[Key, dict[str, str]]
+
+
 def _ref(kind: str, name: str) -> str:
     return f"{KIND_PATHS[kind]}/{name}"
 
@@ -36,7 +52,7 @@ def _missing(kind: str, name: str, names: list[str]) -> str:
 
 class Linker:
     def __init__(self, specs: dict[Key, dict[str, Any]], own_digests: dict[Key, str],
-                 report: Report, memo: dict):
+                 report: Report, memo: dict, previous: LinkState | None = None):
         self.specs = specs
         self.own = own_digests
         self.report = report
@@ -46,6 +62,12 @@ class Linker:
         for kind, name in specs:
             self.names.setdefault(kind, []).append(name)
         self.ok = True
+        # The same names as last time: what changed is all that can break or need rehashing.
+        self.previous = previous if previous is not None and previous.specs.keys() == specs.keys() else None
+        self.changed: set[Key] = set(specs)
+        if self.previous is not None:
+            self.changed = {k for k, spec in specs.items() if spec is not self.previous.specs[k]}
+            self._edges = {k: e for k, e in self.previous.edges.items() if k not in self.changed}
 
     def has(self, kind: str, name: str) -> bool:
         return (kind, name) in self.specs
@@ -55,7 +77,8 @@ class Linker:
         self.report(key, path, message)
 
     def check_references(self) -> None:
-        for (kind, name), spec in self.specs.items():
+        for (kind, name) in self.changed:
+            spec = self.specs[(kind, name)]
             if kind == "Agent":
                 self._check_agent((kind, name), spec)
             elif kind == "Model":
@@ -143,13 +166,32 @@ class Linker:
                     visit(target, [*trail, key])
             state[key] = 2
 
-        for key in sorted(self.specs):
+        # a new cycle goes through a changed definition: unchanged ones had no cycle last time
+        for key in sorted(self.changed):
             if key not in state and key[0] in ("Agent", "Model"):  # nothing else is on a cycle
                 visit(key, [])
+
+    def _dirty(self) -> set[Key]:
+        """Changed definitions and everything that reaches one of them."""
+        reverse: dict[Key, list[Key]] = {}
+        for key in self.specs:
+            for _, target in self.edges(key):
+                reverse.setdefault(target, []).append(key)
+        dirty, pending = set(self.changed), list(self.changed)
+        while pending:
+            for source in reverse.get(pending.pop(), ()):
+                if source not in dirty:
+                    dirty.add(source)
+                    pending.append(source)
+        return dirty
 
     def digests(self) -> dict[Key, Linked]:
         closures: dict[Key, dict[str, str]] = {}
         linked: dict[Key, Linked] = {}
+        if self.previous is not None:
+            dirty = self._dirty()
+            linked = {k: v for k, v in self.previous.linked.items() if k not in dirty}
+            closures = {k: v for k, v in self.previous.closures.items() if k not in dirty}
 
         def resolve(key: Key) -> Linked:
             if key in linked:
@@ -173,6 +215,7 @@ class Linker:
 
         for key in self.specs:
             resolve(key)
+        self.state = LinkState(self.specs, {k: self.edges(k) for k in self.specs}, linked, closures)
         return linked
 
 

@@ -174,9 +174,17 @@ class FileStamps:
 
     def __init__(self) -> None:
         self._seen: dict[Path, tuple[tuple[int, int, int], str, bool]] = {}
+        self.only: set[Path] | None = None  # when set: nothing else changed (the watcher said so)
+
+    def knows(self, path: Path) -> bool:
+        return path in self._seen
 
     def content_digest(self, path: Path) -> str:
         """sha256 of the file's bytes, read again only when it may have changed."""
+        if self.only is not None and path not in self.only:
+            seen = self._seen.get(path)
+            if seen is not None:
+                return seen[1]
         st = path.stat()
         key = (st.st_mtime_ns, st.st_size, st.st_ino)
         seen = self._seen.get(path)

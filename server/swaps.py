@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import anyio
@@ -89,7 +89,8 @@ class Swapper:
         self.listeners: list[Callable[[dict[str, Any]], Awaitable[None]]] = []  # told of applied swaps
         self._one_at_a_time = anyio.Lock()
 
-    async def reload(self, trigger: str) -> dict[str, Any]:
+    async def reload(self, trigger: str, changed: Iterable[str] | None = None) -> dict[str, Any]:
+        """Compile and swap; `changed` (from the watcher) lets the compiler look at those paths only."""
         async with self._one_at_a_time:
             previous = self.registry.current
             report: dict[str, Any] = {
@@ -98,7 +99,7 @@ class Swapper:
                 "changes": [], "busy": [], "errors": [],
             }
             try:
-                candidate = await anyio.to_thread.run_sync(self.compiler.compile)
+                candidate = await anyio.to_thread.run_sync(self.compiler.compile, changed)
             except DefinitionsInvalid as exc:
                 report.update(status="rejected", errors=[
                     {"code": "definitions_invalid", **e.as_dict()} for e in exc.errors])

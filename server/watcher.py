@@ -29,9 +29,9 @@ def relevant(change: watchfiles.Change, path: str) -> bool:
     return not any(p.startswith(".") for p in parts[-4:]) and not path.endswith(_EDITOR_LEFTOVERS)
 
 
-async def watch(root: Path, reload: Callable[[str], Awaitable[object]],
+async def watch(root: Path, reload: Callable[[str, set[str]], Awaitable[object]],
                 ready: Callable[[], None] | None = None) -> None:
-    """Call `reload("watch")` after each settled batch of changes under `root`, forever."""
+    """Call `reload("watch", paths)` after each settled batch of changes under `root`, forever."""
     stop = anyio.Event()
     watcher = watchfiles.awatch(root, watch_filter=relevant, step=STEP_MS, debounce=DEBOUNCE_MS,
                                 stop_event=stop, recursive=True, yield_on_timeout=False)
@@ -41,7 +41,7 @@ async def watch(root: Path, reload: Callable[[str], Awaitable[object]],
         tg.start_soon(_stop_when_cancelled, stop)
         async for changes in watcher:
             log.debug("%d change(s) under %s", len(changes), root)
-            await reload("watch")
+            await reload("watch", {path for _, path in changes})
         tg.cancel_scope.cancel()
 
 
