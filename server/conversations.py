@@ -55,6 +55,7 @@ class Running:
     done: anyio.Event = field(default_factory=anyio.Event)
     started_seq: int = 0
     outcome: tuple[str, Any] | None = None  # ("completed", Done) | ("failed", error envelope)
+    messages: list[Message] | None = None  # what this turn added to the transcript, once it ran here
     reason: str | None = None  # why it was cancelled: "interrupted" by shutdown, else a client
 
 
@@ -281,7 +282,7 @@ class Conversations:
         await running.done.wait()
         turn = await self.store.get_turn(running.turn.id)
         assert turn is not None
-        messages = await self._turn_messages(turn)
+        messages = running.messages if running.messages is not None else await self._turn_messages(turn)
         body: dict[str, Any] = {
             "turn_id": turn.id, "digest": turn.digest, "status": turn.status,
             "output": turn.output, "messages": [m.to_json() for m in messages],

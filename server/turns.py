@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from .definitions import Closure
 from .errors import CorralError
 from .loop import Append, Done, Emit, run_turn
-from .messages import repair_history
+from .messages import Message, repair_history
 from .store.base import ConversationRecord, EventRecord, TurnRecord
 from .tools.base import ToolContext
 
@@ -36,6 +37,7 @@ class TurnRunner:
         self.runtime = runtime
         self.hub = hub
         self.metrics = metrics
+        self.transcripts = Transcripts(store)
 
     def new_turn(self, conversation: ConversationRecord, closure: Closure, text: str,
                  key: str | None, turn_id: str) -> TurnRecord:
@@ -67,7 +69,8 @@ class TurnRunner:
             "turn_id": turn.id, "digest": turn.digest, "agent": turn.agent,
         })
         task_status.started()
-        history = [r.message for r in await self.store.list_messages(conversation.id, limit=100_000)]
+        running.messages = []
+        history = await self.transcripts.history(conversation.id)
         context = ToolContext(conversation_id=conversation.id, turn_id=turn.id, agent=turn.agent,
                               digest=turn.digest, root=closure.root, environ=self.runtime.environ,
                               channel=_Channel(self, conversation.id, turn.id), files=self.runtime.files)
@@ -86,6 +89,7 @@ class TurnRunner:
                 self.metrics.tool_calls.inc(event.data["name"], outcome)
         elif isinstance(event, Append):
             await self.store.append_messages(conversation_id, turn.id, [event.message], time.time())
+            running.messages.append(event.message)
         elif isinstance(event, Done):
             running.outcome = ("completed", event)
 
@@ -139,3 +143,30 @@ class _Channel:
     async def waiting(self, on: bool) -> None:
         await self.runner.store.update_turn(self.turn_id, status="waiting" if on else "running")
         await self.runner.set_status(self.conversation_id, "waiting" if on else "busy")
+
+
+class Transcripts:
+    """Recent conversations' transcripts, so a turn need not decode its whole history again.
+
+    The store stays the source of truth: each use fetches what was appended after the last
+    message seen (by this process or any other), so the cache is never stale, only shorter.
+    """
+
+    SIZE = 1000
+
+    def __init__(self, store: Store):
+        self.store = store
+        self._cache: OrderedDict[str, tuple[int, list[Message]]] = OrderedDict()
+
+    async def history(self, conversation_id: str) -> list[Message]:
+        last, messages = self._cache.pop(conversation_id, (0, []))
+        while True:
+            page = await self.store.list_messages(conversation_id, after=last, limit=1000)
+            messages += [r.message for r in page]
+            last = page[-1].seq if page else last
+            if len(page) < 1000:
+                break
+        self._cache[conversation_id] = (last, messages)
+        if len(self._cache) > self.SIZE:
+            self._cache.popitem(last=False)
+        return list(messages)
