@@ -146,6 +146,7 @@ async def _reload_on_sighup(swapper: Swapper, task_status=anyio.TASK_STATUS_IGNO
 async def _recover(store: Store) -> None:
     """Turns a crash cut off become failed/interrupted, with the event a replay expects."""
     now = time.time()
+    await store.cancel_pending_permissions(now)
     for turn in await store.recover_interrupted(now):
         log.warning("turn %s of conversation %s was interrupted by a restart", turn.id, turn.conversation_id)
         error = turn.error or {"code": "interrupted", "message": "the server stopped during this turn"}

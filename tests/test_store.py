@@ -423,3 +423,26 @@ def test_encoding_of_the_extremes():
 def test_encoding_keeps_numeric_order(a, b):
     assert len(encode(a)) == 26
     assert (a < b) == (encode(a) < encode(b))
+
+
+@pytest.mark.anyio
+async def test_pending_permissions_are_cancelled_at_start_up(tmp_path) -> None:
+    from server.store.base import PermissionRecord
+
+    store = SQLiteStore(tmp_path / "state" / "corral.db")
+    await store.open()
+    try:
+        await store.create_conversation(ConversationRecord(
+            id="conv_p", agent="a", agent_name="a", digest=DIGEST_A, pinned=False,
+            created_at=1.0, updated_at=1.0))
+        for rid in ("perm_1", "perm_2"):
+            await store.create_permission(PermissionRecord(
+                id=rid, conversation_id="conv_p", turn_id="turn_x", tool_call_id="c", tool="t", arguments={},
+                reason=None, status="pending", requested_at=1.0, expires_at=2.0))
+        await store.decide_permission("perm_1", "allowed", "anonymous", 1.5)
+        assert await store.cancel_pending_permissions(3.0) == 1
+        records = {r.id: r for r in await store.list_permissions("conv_p")}
+        assert (records["perm_1"].status, records["perm_2"].status) == ("allowed", "cancelled")
+        assert records["perm_2"].decided_by == "restart"
+    finally:
+        await store.close()
