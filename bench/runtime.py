@@ -207,9 +207,10 @@ def _env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, **extra}
 
 
-def start_corral(definitions: Path, work: Path, profile_out: Path | None) -> tuple[Proc, str]:
+def start_corral(definitions: Path, work: Path, profile_out: Path | None,
+                 watch: bool = False) -> tuple[Proc, str]:
     port = _free_port()
-    argv = ["serve", str(definitions), "--port", str(port), "--no-watch"]
+    argv = ["serve", str(definitions), "--port", str(port), *([] if watch else ["--no-watch"])]
     if profile_out is None:
         command = [sys.executable, "-m", "server.cli", *argv]
     else:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.runtime import ROOT, START_TIMEOUT_S, Proc, _env, _free_port
+from bench.runtime import Proc, start_corral
 
 EDITS = 50
 TURNS = 150
@@ -57,26 +56,8 @@ def _agent(i: int, version: int) -> str:
 
 
 def start(definitions: Path, work: Path) -> tuple[Proc, str]:
-    port = _free_port()
-    log = work / "corral.log"
-    env = _env(CORRAL_STATE_DIR=str(work / "state"), CORRAL_LOG_LEVEL="warning")
-    with log.open("w") as sink:
-        popen = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", str(definitions),
-                                  "--port", str(port)], cwd=ROOT, env=env, stdout=sink,
-                                 stderr=subprocess.STDOUT)
-    proc, base = Proc("corral", popen, log), f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if popen.poll() is not None:
-            raise SystemExit(proc.failure())
-        try:
-            if httpx.get(f"{base}/readyz", timeout=1.0).status_code == 200:
-                return proc, base
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    proc.stop()
-    raise SystemExit(proc.failure())
+    """`corral serve` with its file watcher on."""
+    return start_corral(definitions, work, None, watch=True)
 
 
 async def edit_to_live(client: httpx.AsyncClient, files: list[Path]) -> list[float]:

@@ -56,6 +56,8 @@ class Running:
     started_seq: int = 0
     outcome: tuple[str, Any] | None = None  # ("completed", Done) | ("failed", error envelope)
     messages: list[Message] | None = None  # what this turn added to the transcript, once it ran here
+    asked: dict[str, Any] | None = None  # the permission request it is waiting on, if any
+    attention: anyio.Event = field(default_factory=anyio.Event)  # set when it asks, or ends
     reason: str | None = None  # why it was cancelled: "interrupted" by shutdown, else a client
 
 
@@ -257,6 +259,7 @@ class Conversations:
                 if running.turn.idempotency_key:
                     live.keys.pop(running.turn.idempotency_key, None)
                 running.done.set()
+                running.attention.set()
                 live.queue.remove(running.turn.id)
                 live.slot.release()
                 if not live.queue:

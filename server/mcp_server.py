@@ -170,7 +170,11 @@ class AgentsMCP:
             conversation = await conversations.create(ref, None, {"source": "mcp"})
         running = await conversations.send(conversation.id, arguments["message"])
         try:
-            asked = await self._progress(ctx, conversation.id, running)
+            if ctx.meta and ctx.meta.get("progress_token") is not None:
+                asked = await self._progress(ctx, conversation.id, running)
+            else:  # no progress wanted: no need to follow the turn's events
+                await running.attention.wait()
+                asked = running.asked if not running.done.is_set() else None
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):  # the client gave up: so does the turn
                 running.scope.cancel()

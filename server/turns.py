@@ -73,7 +73,7 @@ class TurnRunner:
         history = await self.transcripts.history(conversation.id)
         context = ToolContext(conversation_id=conversation.id, turn_id=turn.id, agent=turn.agent,
                               digest=turn.digest, root=closure.root, environ=self.runtime.environ,
-                              channel=_Channel(self, conversation.id, turn.id), files=self.runtime.files)
+                              channel=_Channel(self, conversation.id, running), files=self.runtime.files)
         try:
             plan = await self.runtime.plan(closure, tuple(repair_history(history)), turn.input, context)
             async for event in run_turn(plan):
@@ -132,13 +132,17 @@ class TurnRunner:
 class _Channel:
     """A turn's way back from its tool calls: events, and the waiting status."""
 
-    def __init__(self, runner: TurnRunner, conversation_id: str, turn_id: str):
+    def __init__(self, runner: TurnRunner, conversation_id: str, running: Running):
         self.runner = runner
         self.conversation_id = conversation_id
-        self.turn_id = turn_id
+        self.running = running
+        self.turn_id = running.turn.id
 
     async def emit(self, name: str, data: dict[str, Any]) -> None:
         await self.runner.emit(self.conversation_id, name, data)
+        if name == "permission.requested":
+            self.running.asked = data
+            self.running.attention.set()
 
     async def waiting(self, on: bool) -> None:
         await self.runner.store.update_turn(self.turn_id, status="waiting" if on else "running")
