@@ -63,6 +63,11 @@ class FileVault:
         raise FileChanged(f"{rel} changed since this definition was compiled ({digest[:19]}…)"
                           " and no copy of the compiled content was kept")
 
+    def kept(self, rel: str, digest: str) -> Path | None:
+        """The kept copy alone (for a definition rebuilt from the store, whose files have no place)."""
+        path = self._kept(digest, rel)
+        return path if path is not None and path.exists() else None
+
     def argv(self, base: Path, items: Iterable[str], files: Mapping[str, str]) -> list[str]:
         """Argv with every element naming a definition file resolved to the compiled content."""
         return [str(self.resolve(base, item, files[item])) if item in files else item for item in items]

@@ -70,3 +70,34 @@ def test_a_pinned_conversation_runs_the_script_its_digest_covered(tmp_path: Path
 
         assert say(current) == "version two"
         assert say(pinned) == "version one"
+
+
+def test_a_pinned_skill_reads_its_files_after_a_restart(tmp_path: Path) -> None:
+    files = {
+        "agent.yaml": """
+            kind: Model
+            name: m
+            provider: scripted
+            script:
+              - when: read
+                tool_call: { name: read_skill_resource, arguments: { skill: notes, path: facts.txt } }
+                reply: "{tool_result}"
+            ---
+            kind: Agent
+            name: a
+            model: m
+            skills: [notes]
+            """,
+        "skills/notes/SKILL.md": "---\nname: notes\ndescription: Facts.\n---\nRead facts.txt.\n",
+        "skills/notes/facts.txt": "the sky is blue\n",
+    }
+    root = write_tree(tmp_path / "defs", files)
+    state = tmp_path / "state"
+    with corral_server(root, state) as base, httpx.Client(base_url=base, timeout=30) as client:
+        digest = client.get("/v1/agents/a").json()["digest"]
+        pinned = client.post("/v1/conversations", json={"agent": f"a@{digest}"}).json()["id"]
+    (root / "skills" / "notes" / "facts.txt").write_text("the sky is green\n")  # a new digest on restart
+    with corral_server(root, state) as base, httpx.Client(base_url=base, timeout=30) as client:
+        answer = client.post(f"/v1/conversations/{pinned}/messages", json={"content": "read"}).json()
+        assert answer["digest"] == digest
+        assert answer["output"] == "the sky is blue"

@@ -9,6 +9,7 @@ still matches the digest the definitions were compiled with.
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,7 @@ class ReadSkillResource:
         skill = self.skills[arguments["skill"]]
         written = str(arguments["path"])
         if skill.folder is None:
-            return ToolOutput(f"skill {skill.name} has no folder of resources", is_error=True)
+            return self._from_vault(skill, written, ctx)
         path = _inside(skill.folder, written)
         if path is None:
             return ToolOutput(f"{written!r} is outside the skill's folder", is_error=True)
@@ -85,6 +86,19 @@ class ReadSkillResource:
         except FileChanged as exc:
             return ToolOutput(str(exc), is_error=True)
         return ToolOutput(cap_output(source.read_bytes()))
+
+
+    @staticmethod
+    def _from_vault(skill: SkillDefinition, written: str, ctx: ToolContext) -> ToolOutput:
+        """A skill rebuilt from the store (a pin served before a restart): its files by digest only."""
+        if not skill.files:
+            return ToolOutput(f"skill {skill.name} has no folder of resources", is_error=True)
+        rel = posixpath.normpath(written)
+        digest = skill.files.get(rel)
+        kept = ctx.files.kept(rel, digest) if digest and not rel.startswith(("/", "..")) else None
+        if kept is None:
+            return ToolOutput(f"skill {skill.name} has no file {written!r}", is_error=True)
+        return ToolOutput(cap_output(kept.read_bytes()))
 
 
 def _inside(folder: Path, written: str) -> Path | None:
