@@ -80,9 +80,25 @@ def named(name: str) -> Callable[[Event], bool]:
     return lambda e: e.name == name
 
 
+def gate_yaml() -> str:
+    """The `gate` tool: returns once the file at its `path` argument exists."""
+    argv = json.dumps(["python3", "-c", WAIT_PY, "{path}"])
+    return f"""
+        kind: Tool
+        name: gate
+        description: Return once the file at path exists.
+        input_schema:
+          type: object
+          properties: {{ path: {{ type: string }} }}
+          required: [path]
+        command:
+          argv: {argv}
+          timeout_s: 30
+    """
+
+
 def gated_definitions(root: Path) -> Path:
     """Agents on a scripted model: "wait PATH" blocks in the `gate` tool until PATH exists."""
-    argv = json.dumps(["python3", "-c", WAIT_PY, "{path}"])
     return write_tree(root, {
         "models.yaml": r"""
             kind: Model
@@ -94,18 +110,7 @@ def gated_definitions(root: Path) -> Path:
                 reply: "passed the gate"
             default: "echo: {input}"
         """,
-        "tools.yaml": f"""
-            kind: Tool
-            name: gate
-            description: Return once the file at path exists.
-            input_schema:
-              type: object
-              properties: {{ path: {{ type: string }} }}
-              required: [path]
-            command:
-              argv: {argv}
-              timeout_s: 30
-        """,
+        "tools.yaml": gate_yaml(),
         "agents.yaml": """
             kind: Agent
             name: gated

@@ -12,7 +12,6 @@ over it), so a reload never reads half a write.
 
 from __future__ import annotations
 
-import json
 import os
 import textwrap
 from collections.abc import Callable
@@ -23,7 +22,7 @@ import anyio
 import httpx
 
 from server.compiler import Compiler
-from tests.live import WAIT_PY
+from tests.live import gate_yaml
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -78,22 +77,6 @@ OTHER_YAML = """
     model: m_other
     tools: [gate]
 """
-
-
-def gate_yaml() -> str:
-    argv = json.dumps(["python3", "-c", WAIT_PY, "{path}"])
-    return f"""
-        kind: Tool
-        name: gate
-        description: Return once the file at path exists.
-        input_schema:
-          type: object
-          properties: {{ path: {{ type: string }} }}
-          required: [path]
-        command:
-          argv: {argv}
-          timeout_s: 30
-    """
 
 
 def versioned_definitions(root: Path, version: str = "v1") -> Path:

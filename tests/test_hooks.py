@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import socket
 import sys
@@ -33,6 +32,7 @@ from server.definitions import HookDefinition
 from server.errors import DefinitionsInvalid
 from server.hooks import Hooks, Verdict
 from tests.fakes.uvicorn_thread import serve
+from tests.pids import alive, wait_until
 
 PY = sys.executable
 SCRIPTS = Path(__file__).parent / "hooks"
@@ -142,24 +142,6 @@ async def test_command_hook_gets_the_payload_the_project_dir_and_cwd(tmp_path: P
         "stdin": {**BASE, "hook_event_name": "PostToolUse", **payload},
         "cwd": root, "CORRAL_PROJECT_DIR": root, "CLAUDE_PROJECT_DIR": root,
     }
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a killed process whose reaper is slow lingers as a zombie: that counts as gone
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")
-
-
-async def wait_until(condition: Callable[[], bool], bound: float = 5) -> None:
-    with anyio.fail_after(bound):
-        while not condition():
-            await anyio.sleep(0.02)
 
 
 @pytest.mark.anyio

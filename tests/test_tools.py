@@ -7,11 +7,10 @@ compiler, so argv file resolution (`files`) is exercised end to end.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from server.templates import placeholders
 from server.tools.base import MAX_OUTPUT_BYTES, ToolContext, ToolOutput
 from server.tools.command import CommandTool
 from server.tools.http import RESPONSE_LIMIT, HttpTool
+from tests.pids import alive, wait_until
 
 PY = sys.executable
 ARGV_PY = "import json, sys\nprint(json.dumps(sys.argv[1:]))\n"
@@ -91,24 +91,6 @@ async def run_command(root: Path, command: dict[str, Any], arguments: dict[str, 
     definition, root = compile_tool(root, {"command": command}, files)
     with anyio.fail_after(bound):
         return await CommandTool(definition).call(arguments, context(root, environ))
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a killed process whose reaper is slow lingers as a zombie: that counts as gone
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")
-
-
-async def wait_until(condition: Callable[[], bool], bound: float = 5) -> None:
-    with anyio.fail_after(bound):
-        while not condition():
-            await anyio.sleep(0.02)
 
 
 # --- command tools ------------------------------------------------------------------------------
