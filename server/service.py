@@ -95,6 +95,7 @@ async def open_service(settings: Settings) -> AsyncIterator[Service]:
                                           idempotency_ttl_s=settings.idempotency_ttl_s,
                                           max_turns=settings.max_concurrent_turns)
             swapper = Swapper(compiler, registry, conversations, store, hub, metrics, locked=settings.locked)
+            swapper.listeners.append(_mcp_follows_swaps(mcp, registry))
             service = Service(settings, compiler, registry, store, runtime, hub, metrics, conversations,
                               swapper, permissions)
             async with anyio.create_task_group() as tg:
@@ -134,6 +135,21 @@ def _mcp_connections(root: Path, locked: bool, hub: EventHub, files: FileVault) 
 
     return MCPConnections(expected=lock.mcp_catalogs if lock else None, locked=locked, on_drift=on_drift,
                           files=files)
+
+
+def _mcp_follows_swaps(mcp: MCPConnections, registry: Registry):
+    """After a swap: close connections to servers no longer defined; take the lock's new catalogs."""
+
+    async def on_swap(report: dict) -> None:
+        current = registry.current
+        mcp.retain({d.digest for d in current.of_kind("MCPServer")})
+        try:
+            lock = read_lock(current.root)
+        except LockError:
+            return
+        mcp.expected = dict(lock.mcp_catalogs) if lock else {}
+
+    return on_swap
 
 
 async def _reload_on_sighup(swapper: Swapper, task_status=anyio.TASK_STATUS_IGNORED) -> None:

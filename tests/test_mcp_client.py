@@ -32,6 +32,7 @@ from tests.conftest import corral_server, write_tree
 from tests.fakes.uvicorn_thread import serve
 from tests.live import Event, sse
 from tests.mcp_fixture_server import fixture_app
+from tests.pids import alive, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -298,3 +299,22 @@ def test_names_and_results_as_the_model_sees_them() -> None:
     assert render_result(result) == ToolOutput("one\n[image image/png]\ntwo", is_error=True)
     structured = types.CallToolResult(content=[], structured_content={"b": 1, "a": [2]})
     assert render_result(structured) == ToolOutput('{"a": [2], "b": 1}')
+
+
+async def test_a_server_removed_by_a_swap_is_stopped(tmp_path: Path) -> None:
+    root = write_tree(tmp_path / "defs", {
+        "models.yaml": MODEL,
+        "servers.yaml": stdio_server(),
+        "agents.yaml": "kind: Agent\nname: calc\nmodel: scripted\ntools: [fixture]\n",
+    })
+    with corral_server(root, tmp_path / "state") as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            conversation = (await client.post("/v1/conversations", json={"agent": "calc"})).json()["id"]
+            answer = (await client.post(f"/v1/conversations/{conversation}/messages",
+                                        json={"content": "pid"})).json()
+            pid = int(answer["output"].removeprefix("pid="))
+            assert alive(pid)
+            (root / "servers.yaml").unlink()
+            (root / "agents.yaml").write_text("kind: Agent\nname: calc\nmodel: scripted\n")
+            assert (await client.post("/v1/definitions/reload")).json()["status"] == "applied"
+            await wait_until(lambda: not alive(pid), bound=15)

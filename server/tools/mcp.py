@@ -139,8 +139,15 @@ class MCPConnections:
 
     def _retire_others(self, current: Connection) -> None:
         name = current.server.name
+        self._retire(lambda old: old is not current and old.server.name == name)
+
+    def retain(self, digests: set[str]) -> None:
+        """After a swap: close connections of servers no longer defined (a later use reopens one)."""
+        self._retire(lambda old: old.server.digest not in digests)
+
+    def _retire(self, doomed: Callable[[Connection], bool]) -> None:
         for key, old in list(self._connections.items()):
-            if old is not current and old.server.name == name:
+            if doomed(old):
                 del self._connections[key]
                 old.retired = True
                 if not old.active:
