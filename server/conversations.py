@@ -199,6 +199,8 @@ class Conversations:
         turn_id = new_id("turn")
         await self._take_slot(live, policy, turn_id)
         try:
+            if not self.accepting:  # shutdown began while this turn waited for its slot
+                raise CorralError("the server is shutting down", code="overloaded")
             conversation = await self.get(conversation.id)
             # what is current now that it is our turn
             closure = await self.registry.resolve(conversation.agent)

@@ -263,6 +263,40 @@ async def test_shutdown_refuses_new_turns(tmp_path: Path) -> None:
             assert (await client.get("/healthz")).status_code == 200
 
 
+async def test_a_turn_queued_before_shutdown_does_not_start(tmp_path: Path) -> None:
+    """A request already waiting its turn when shutdown begins is refused when its slot frees.
+
+    White-box where the API gives no signal: the queue is read, and `accepting` set, directly
+    (plain attributes: the service runs on the server thread's event loop, not this test's).
+    """
+    app = create_app(Settings(definitions=gated_definitions(tmp_path / "defs"), state_dir=tmp_path / "state",
+                              watch=False))
+    gate = tmp_path / "gate"
+    with serve(app) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=15, trust_env=False) as client:
+            cid = (await client.post("/v1/conversations", json={"agent": "queued"})).json()["id"]
+            conversations = app.state.service.conversations
+            answers: dict[str, httpx.Response] = {}
+
+            async def post(name: str, content: str) -> None:
+                url = f"/v1/conversations/{cid}/messages"
+                answers[name] = await client.post(url, json={"content": content})
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(post, "held", f"wait {gate}")
+                with anyio.fail_after(10):
+                    while not (cid in conversations._live and conversations._live[cid].running):
+                        await anyio.sleep(0.02)
+                    tg.start_soon(post, "queued", "second")
+                    while len(conversations._live[cid].queue) < 2:
+                        await anyio.sleep(0.02)
+                conversations.accepting = False
+                open_gate(gate)
+            assert answers["held"].json()["status"] == "completed"
+            assert answers["queued"].status_code == 503
+            assert answers["queued"].json()["error"]["code"] == "overloaded"
+
+
 async def post_turn(client: httpx.AsyncClient, cid: str, content: str, answers: dict[str, Any]) -> None:
     """A turn whose answer may never come (the server goes away): the answer, or the error."""
     try:
