@@ -218,10 +218,6 @@ class Compiler:
         return definition
 
 
-def compile_directory(root: str | Path) -> DefinitionSet:
-    return Compiler(root).compile()
-
-
 # --- validation of one document -------------------------------------------
 
 

@@ -279,9 +279,6 @@ class Conversations:
             await running.done.wait()
         return running.turn.id
 
-    def busy(self) -> list[Running]:
-        return self.running_turns()
-
     async def result(self, running: Running) -> dict[str, Any]:
         """The non-streaming answer of a turn, once it has ended."""
         await running.done.wait()

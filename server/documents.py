@@ -221,9 +221,6 @@ class ToolDocument(Document):
                     raise FieldProblem(path, f"placeholder {{{name}}} is not a property of input_schema")
         return self
 
-    def template_strings(self) -> list[str]:
-        return [text for _, text in self.template_fields()]
-
     def template_fields(self) -> list[tuple[tuple[str | int, ...], str]]:
         """Every string that may hold placeholders, with its path in the document."""
         if self.command is not None:

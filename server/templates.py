@@ -85,10 +85,6 @@ def _json_text(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-def secret_names(text: str) -> tuple[str, ...]:
-    return tuple(m.group(1) for m in SECRET_REF.finditer(text))
-
-
 def is_secret_reference(text: str) -> bool:
     """True when `text` holds nothing but `${VAR}` references."""
     return bool(text) and SECRET_REF.sub("", text) == ""

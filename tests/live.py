@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio.abc
 import httpx
 
 from tests.conftest import write_tree
@@ -130,3 +131,29 @@ def gated_definitions(root: Path) -> Path:
 
 def open_gate(path: Path) -> None:
     path.write_text("open")
+
+
+class _Rest:
+    """The rest of a response's lines, for `sse` to parse."""
+
+    def __init__(self, lines: AsyncIterator[str]):
+        self.lines = lines
+
+    def aiter_lines(self) -> AsyncIterator[str]:
+        return self.lines
+
+
+async def follow_server_events(client: httpx.AsyncClient, until: Callable[[Event], bool], *,
+                               task_status: anyio.abc.TaskStatus[list[Event]]) -> None:
+    """`GET /v1/events` into a list, up to the first `until` event; started once subscribed."""
+    seen: list[Event] = []
+    async with client.stream("GET", "/v1/events") as r:
+        assert r.status_code == 200
+        lines = r.aiter_lines()
+        assert (await anext(lines)).startswith(":")  # the first keep-alive: subscribed from here
+        task_status.started(seen)
+        async for event in sse(_Rest(lines)):  # type: ignore[arg-type]
+            seen.append(event)
+            if until(event):
+                return
+    raise AssertionError(f"the event stream ended before the awaited event: {seen}")

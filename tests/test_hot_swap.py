@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ import pytest
 
 from server.compiler import Compiler
 from tests.conftest import corral_server
-from tests.live import Event, ended, named, open_gate, read_events, sse
+from tests.live import ended, follow_server_events, named, open_gate, read_events
 from tests.swapping import (
     agent_digest,
     broken_edited_yaml,
@@ -46,32 +45,6 @@ def client_for(base_url: str) -> httpx.AsyncClient:
     # request never goes out on a connection the server is closing at that moment.
     limits = httpx.Limits(max_connections=300, max_keepalive_connections=300, keepalive_expiry=1.0)
     return httpx.AsyncClient(base_url=base_url, timeout=30, trust_env=False, limits=limits)
-
-
-class _Rest:
-    """The rest of a response's lines, for `sse` to parse."""
-
-    def __init__(self, lines: AsyncIterator[str]):
-        self.lines = lines
-
-    def aiter_lines(self) -> AsyncIterator[str]:
-        return self.lines
-
-
-async def follow_server_events(client: httpx.AsyncClient, until: Callable[[Event], bool], *,
-                               task_status: anyio.abc.TaskStatus[list[Event]]) -> None:
-    """`GET /v1/events` into a list, up to the first `until` event; started once subscribed."""
-    seen: list[Event] = []
-    async with client.stream("GET", "/v1/events") as r:
-        assert r.status_code == 200
-        lines = r.aiter_lines()
-        assert (await anext(lines)).startswith(":")  # the first keep-alive: subscribed from here
-        task_status.started(seen)
-        async for event in sse(_Rest(lines)):  # type: ignore[arg-type]
-            seen.append(event)
-            if until(event):
-                return
-    raise AssertionError(f"the event stream ended before the awaited event: {seen}")
 
 
 async def gate_reached(client: httpx.AsyncClient, conversation_id: str) -> str:

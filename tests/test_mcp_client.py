@@ -30,7 +30,7 @@ from server.tools.mcp import MCPConnections
 from server.tools.mcp_catalog import render_result, tool_name
 from tests.conftest import corral_server, write_tree
 from tests.fakes.uvicorn_thread import serve
-from tests.live import Event, sse
+from tests.live import follow_server_events, named
 from tests.mcp_fixture_server import fixture_app
 from tests.pids import alive, wait_until
 
@@ -188,26 +188,6 @@ async def corral(*argv: str) -> int:
     return await anyio.to_thread.run_sync(corral_main, list(argv))
 
 
-async def follow_server_events(client: httpx.AsyncClient, name: str, *,
-                               task_status: anyio.abc.TaskStatus[list[Event]]) -> None:
-    """`GET /v1/events` up to the first event called `name`; started once subscribed."""
-    seen: list[Event] = []
-    async with client.stream("GET", "/v1/events") as r:
-        assert r.status_code == 200
-        lines = r.aiter_lines()
-        assert (await anext(lines)).startswith(":")  # the first keep-alive: subscribed from here
-        task_status.started(seen)
-
-        class Rest:
-            def aiter_lines(self) -> AsyncIterator[str]:
-                return lines
-
-        async for event in sse(Rest()):  # type: ignore[arg-type]
-            seen.append(event)
-            if event.name == name:
-                return
-
-
 async def test_lock_records_catalogs_and_drift_is_reported_or_refused(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     variant = tmp_path / "variant"  # the server's, not a definition's: editing it leaves every digest alone
@@ -235,7 +215,7 @@ async def drift_is_reported_or_refused(defs: Path, variant: Path, tmp_path: Path
         async with httpx.AsyncClient(base_url=url, timeout=30, trust_env=False) as client:
             with anyio.fail_after(30):
                 async with anyio.create_task_group() as tg:
-                    seen = await tg.start(follow_server_events, client, "mcp.catalog_drift")
+                    seen = await tg.start(follow_server_events, client, named("mcp.catalog_drift"))
                     assert await say(client, "calc", "remote echo hi") == ["echo=hi"]
             drifted = seen[-1].data
             assert drifted["server"] == "remote" and drifted["expected"] == catalogs["remote"]
