@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .definitions import DefinitionSet
+from .sources import read_regular
 
 LOCK_FILE = "corral.lock"
 VERSION = 1
@@ -46,7 +47,7 @@ def read_lock(root: Path) -> Lock | None:
     """The lock in `root`, or None when there is none; LockError when unreadable."""
     path = root / LOCK_FILE
     try:
-        data: Any = json.loads(path.read_text("utf-8"))
+        data: Any = json.loads(read_regular(path).decode("utf-8"))  # a FIFO lock must not block the loop
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:

@@ -7,11 +7,17 @@ every file it points to inside the definition directory: an
 file becomes a directory-relative path whose content digest is in `files`.
 Where a file sits, and which YAML file a document came from, are not part of
 the spec, so moving things around changes no digest.
+
+Every file is read through `sources.read_regular` (via `FileStamps`): a
+FIFO, socket or device where a file is expected is an error naming it. An
+argv element is looked up as a path only when it could be one; a long
+`python -c` script is an argument, not a file name that is too long.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,9 +31,20 @@ from .documents import (
     SkillDocument,
     ToolDocument,
 )
-from .sources import SKILL_FILE, FileStamps, PathEscape, SourceDocument, confine, relative
+from .sources import (
+    SKILL_FILE,
+    FileStamps,
+    NotRegularFile,
+    PathEscape,
+    SourceDocument,
+    confine,
+    read_regular,
+    relative,
+)
 
 MAX_SKILL_FILES = 1000
+NAME_MAX = 255  # bytes in one path component (Linux, macOS)
+PATH_MAX = 4096  # bytes in a whole path (Linux; macOS allows 1024, which only makes more lookups fail)
 
 
 class NormalizeError(ValueError):
@@ -52,7 +69,7 @@ class Normalized:
         try:
             return (
                 all(stamps.content_digest(p) == d for p, d in self.deps.items())
-                and not any(p.is_file() for p in self.absent)
+                and not any(_names_file(p) for p in self.absent)
                 and all(_listing(f) == names for f, names in self.listings.items())
             )
         except OSError:
@@ -85,15 +102,23 @@ class Normalizer:
         except PathEscape as exc:
             raise NormalizeError(where, str(exc)) from None
 
+    def _digest(self, path: Path, where: tuple) -> str:
+        try:
+            return self.stamps.content_digest(path)
+        except NotRegularFile as exc:
+            raise NormalizeError(where, f"{relative(self.root, path)} {exc.strerror}") from None
+
     def _read_text(self, path: Path, out: Normalized, where: tuple) -> str:
         try:
-            data = path.read_bytes()
+            data = read_regular(path)
             out.deps[path] = self.stamps.content_digest(path)
             return data.decode("utf-8")
         except FileNotFoundError:
             raise NormalizeError(where, f"file not found: {relative(self.root, path)}") from None
-        except IsADirectoryError:
-            raise NormalizeError(where, "names a directory, not a file") from None
+        except NotRegularFile as exc:
+            if exc.is_dir:
+                raise NormalizeError(where, "names a directory, not a file") from None
+            raise NormalizeError(where, f"{relative(self.root, path)} {exc.strerror}") from None
         except UnicodeDecodeError:
             raise NormalizeError(where, "file is not UTF-8 text") from None
 
@@ -109,12 +134,14 @@ class Normalizer:
         if "{" in item or item.startswith("-") or os.path.isabs(item) or not item:
             return item
         candidate = source.base / item
-        if not candidate.is_file():
-            out.absent.add(candidate)
+        if not _names_file(candidate):
+            if _may_be_path(candidate):
+                out.absent.add(candidate)  # it may become a file: `unchanged` looks again
             return item
+        # A FIFO, socket or device counts as a file here, so that the digest refuses it.
         path = self._confined(source, item, where)
         rel = relative(self.root, path)
-        digest = self.stamps.content_digest(path)
+        digest = self._digest(path, where)
         files[rel] = digest
         out.deps[path] = digest
         return rel
@@ -171,7 +198,7 @@ class Normalizer:
                 raise NormalizeError(("path",), f"not a directory: {written}")
             if spec["instructions"] is None:
                 skill_md = folder / SKILL_FILE
-                if not skill_md.is_file():
+                if not skill_md.exists():
                     raise NormalizeError(("path",), "needs instructions, or a SKILL.md in the folder")
                 spec["instructions"] = _markdown_body(self._read_text(skill_md, out, ("path",)))
         else:
@@ -195,11 +222,30 @@ class Normalizer:
                         raise NormalizeError(where, f"{rel} is a symlink out of the skill folder")
                 if len(files) >= MAX_SKILL_FILES:
                     raise NormalizeError(where, f"more than {MAX_SKILL_FILES} files in the skill")
-                digest = self.stamps.content_digest(path)
+                digest = self._digest(path, where)
                 files[path.relative_to(folder).as_posix()] = digest
                 out.deps[path] = digest
         out.listings[folder] = tuple(files)
         return files
+
+
+def _may_be_path(path: Path) -> bool:
+    """Whether the OS could look `path` up at all: no NUL, no component or whole too long."""
+    raw = os.fsencode(path)
+    return b"\0" not in raw and len(raw) <= PATH_MAX and all(len(c) <= NAME_MAX for c in raw.split(b"/"))
+
+
+def _names_file(path: Path) -> bool:
+    """Whether `path` names something other than a directory (a regular file, a FIFO, a device...).
+
+    Only what could be a path is looked up, and a lookup that fails for any reason means no.
+    """
+    if not _may_be_path(path):
+        return False
+    try:
+        return not stat.S_ISDIR(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
 
 
 def _listing(folder: Path) -> tuple[str, ...]:

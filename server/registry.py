@@ -2,9 +2,10 @@
 
 It resolves what a client names — `name` (the current definition),
 `name@sha256:…` (an exact digest, whenever it was served, restarts
-included), `name@alias` (a movable alias) — to a `Closure`. Swapping the set
-is one reference assignment: turns hold the closure they started with, so
-they never see a half-applied set.
+included), `name@alias` (a movable alias) — to a `Closure`; anything else
+(`name@`, `@alias`, `a@b@c`) is a 400, wherever the reference came from.
+Swapping the set is one reference assignment: turns hold the closure they
+started with, so they never see a half-applied set.
 
 Every definition served is saved in the store, content-addressed, so a
 pinned digest can be rebuilt from its specs after the files have changed or
@@ -30,6 +31,7 @@ from .store.base import Store, StoredDefinition
 from .vault import NO_VAULT, FileVault
 
 ALIAS = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+REF_FORMS = "NAME, NAME@sha256:<64 hex digits> or NAME@ALIAS"
 
 
 class AgentNotFound(RequestError):
@@ -40,9 +42,21 @@ class DigestNotFound(RequestError):
     code = "digest_not_found"
 
 
+def is_alias(text: str) -> bool:
+    """An alias name: what `PUT /v1/agents/{name}/aliases/{alias}` accepts (never digest-like)."""
+    return ALIAS.match(text) is not None and not text.startswith("sha256")
+
+
 def split_ref(ref: str) -> tuple[str, str | None]:
-    """`name@pin` -> (name, pin); `name` -> (name, None)."""
-    name, _, pin = ref.partition("@")
+    """`name@pin` -> (name, pin); `name` -> (name, None); anything else is a `RequestError`.
+
+    The one parser of references, so every surface (conversations, the OpenAI `model`, MCP's
+    `agent`) refuses `name@`, `@pin` or `a@b@c` alike rather than reading them as something else.
+    """
+    name, at, pin = ref.partition("@")
+    if not name or (at and not (is_digest(pin) or is_alias(pin))):
+        raise RequestError(f"{ref!r} is not an agent reference; use {REF_FORMS}",
+                           details={"agent": ref})
     return name, (pin or None)
 
 
@@ -95,8 +109,6 @@ class Registry:
         return closure
 
     async def _alias(self, name: str, alias: str) -> str:
-        if not ALIAS.match(alias):
-            raise RequestError(f"{name}@{alias}: pin as name@sha256:<64 hex digits> or name@alias")
         digest = await self.store.get_alias(name, alias)
         if digest is None:
             raise AgentNotFound(f"agent {name!r} has no alias {alias!r}",

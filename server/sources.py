@@ -7,13 +7,20 @@ UTF-8, no symlink out of the directory), and splitting them into parsed
 documents. Results are cached by file identity, so a recompile after a
 one-file edit reparses one file.
 
+`read_regular` is the one way a definition file is read, here and in every
+module that reads one (normalize, vault, the skill tools): only a regular
+file is opened, so a FIFO, socket or device planted in the directory is an
+error naming it, never an open that blocks forever.
+
 Paths are confined here too: `confine` is the one check that a path named in
 a definition stays inside the definition directory.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,10 +50,54 @@ class PathEscape(ValueError):
     pass
 
 
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+class NotRegularFile(OSError):
+    """A path that exists but is not a regular file; `strerror` reads "is a FIFO, not a regular file"."""
+
+    def __init__(self, path: str | Path, mode: int):
+        self.what = next((name for test, name in _KINDS if test(mode)), "a special file")
+        self.is_dir = stat.S_ISDIR(mode)
+        super().__init__(errno.EISDIR if self.is_dir else errno.EINVAL,
+                         f"is {self.what}, not a regular file", str(path))
+
+
+def regular_stat(path: str | Path) -> os.stat_result:
+    """`stat` (following symlinks) of a regular file; `NotRegularFile` for anything else."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegularFile(path, st.st_mode)
+    return st
+
+
+# O_NONBLOCK: should a FIFO replace the file between the stat and the open, the open returns
+# at once (and fstat refuses it) instead of waiting for a writer; O_NOCTTY: a terminal never
+# becomes the controlling one.
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+def read_regular(path: str | Path) -> bytes:
+    """The bytes of the regular file at `path`; anything else is refused without being opened."""
+    regular_stat(path)
+    fd = os.open(path, _OPEN_FLAGS)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(path, st.st_mode)
+        with open(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
 def confine(root: Path, base: Path, written: str) -> Path:
     """Resolve `written` (relative to `base`) and insist it stays inside `root`."""
     if os.path.isabs(written):
         raise PathEscape(f"{written!r} is an absolute path; use a path inside the definition directory")
+    if "\0" in written:  # no OS takes it, and os.path.realpath raises ValueError rather than OSError
+        raise PathEscape(f"{written!r} holds a NUL character; no file has that name")
     resolved = (base / written).resolve()
     if resolved != root and root not in resolved.parents:
         raise PathEscape(f"{written!r} resolves outside the definition directory")
@@ -80,13 +131,14 @@ def definition_files(root: Path) -> tuple[list[Path], list[DefinitionError]]:
             kind = _entry_kind(root, entry, errors)
             if kind == "dir":
                 pending.append(Path(entry.path))
-            elif kind == "file" and entry.name.endswith(YAML_SUFFIXES):
-                found.append(Path(entry.path))
+            elif kind in ("file", "other") and entry.name.endswith(YAML_SUFFIXES):
+                found.append(Path(entry.path))  # "other": read_file refuses it, naming it
     return sorted(found, key=lambda p: p.parts), errors  # the order of Path comparison, cheaper
 
 
 def _entry_kind(root: Path, entry: os.DirEntry, errors: list[DefinitionError]) -> str:
-    """"dir", "file", or "" for what is not walked (symlinks to what is already inside)."""
+    """"dir", "file" (regular), "other" (a FIFO, socket, device), or "" for what is not walked
+    (symlinks to what is already inside, dangling symlinks)."""
     if entry.is_symlink():
         path = Path(entry.path)
         target = path.resolve()
@@ -100,7 +152,9 @@ def _entry_kind(root: Path, entry: os.DirEntry, errors: list[DefinitionError]) -
             return ""  # inside already: walking it twice would duplicate every document
     if entry.is_dir():
         return "dir"
-    return "file" if entry.is_file() else ""
+    if entry.is_file():
+        return "file"
+    return "other" if os.path.exists(entry.path) else ""
 
 
 def _decode(rel: str, data: bytes) -> str:
@@ -122,16 +176,18 @@ class _FileProblem(Exception):
 def read_file(root: Path, path: Path) -> tuple[list[SourceDocument], list[DefinitionError]]:
     rel = relative(root, path)
     try:
-        size = path.stat().st_size
+        size = regular_stat(path).st_size
         if size > MAX_FILE_BYTES:
             raise _FileProblem(f"file is {size} bytes; the limit is {MAX_FILE_BYTES}")
-        text = _decode(rel, path.read_bytes())
+        text = _decode(rel, read_regular(path))
         if path.name == SKILL_FILE:
             return [_skill_document(rel, path, text)], []
         parsed = parse_yaml(text)
     except (_FileProblem, YAMLProblem) as exc:
         pos = exc.position
         return [], [DefinitionError(file=rel, line=pos.line, column=pos.column, message=exc.message)]
+    except NotRegularFile as exc:
+        return [], [DefinitionError(file=rel, message=exc.strerror)]
     except OSError as exc:
         return [], [DefinitionError(file=rel, message=f"cannot read: {exc.strerror}")]
     return [SourceDocument(file=rel, parsed=doc, base=path.parent) for doc in parsed], []
@@ -180,17 +236,20 @@ class FileStamps:
         return path in self._seen
 
     def content_digest(self, path: Path) -> str:
-        """sha256 of the file's bytes, read again only when it may have changed."""
+        """sha256 of the file's bytes, read again only when it may have changed.
+
+        `NotRegularFile` (an OSError) for anything but a regular file, even one seen before.
+        """
         if self.only is not None and path not in self.only:
             seen = self._seen.get(path)
             if seen is not None:
                 return seen[1]
-        st = path.stat()
+        st = regular_stat(path)
         key = (st.st_mtime_ns, st.st_size, st.st_ino)
         seen = self._seen.get(path)
         if seen is not None and seen[0] == key and seen[2]:
             return seen[1]
-        digest = digest_bytes(path.read_bytes())
+        digest = digest_bytes(read_regular(path))
         self._seen[path] = (key, digest, time.time_ns() - st.st_mtime_ns > self.RACY_NS)
         return digest
 

@@ -4,6 +4,10 @@ Every trigger (the file watcher, `POST /v1/definitions/reload`, SIGHUP) calls
 `Swapper.reload`, one at a time. The new set is compiled in a worker thread
 (a cold compile of a large set must not stall running turns), checked
 against `corral.lock` in locked mode, and swapped in with one assignment.
+A cancelled reload (shutdown) stops waiting for its compile at once: the
+compile runs in a daemon thread, so even one stuck forever holds up neither
+SIGTERM nor the interpreter's exit, and the next compile waits for it to end
+rather than share the compiler's caches with it.
 Each reload yields a report in the contract's shape: status
 `applied` / `rejected` / `unchanged`, the set digests, the changes, the
 conversations busy on a changed or removed agent, and the errors. The report
@@ -13,10 +17,12 @@ on the server-wide event stream.
 
 from __future__ import annotations
 
+import contextvars
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
@@ -33,6 +39,37 @@ from .registry import Registry
 from .store.base import Store
 
 log = logging.getLogger("corral.swaps")
+T = TypeVar("T")
+
+
+async def run_abandonable(func: Callable[..., T], *args: Any) -> T:
+    """`func(*args)` in a daemon thread; a cancelled caller stops waiting for it at once.
+
+    Not `to_thread.run_sync(func, abandon_on_cancel=True)` alone: anyio's worker threads are
+    not daemons, so one stuck in `func` would keep the process alive after the event loop ends.
+    Here the anyio worker only waits on `done`, which a cancellation sets too.
+    """
+    done = threading.Event()
+    outcome: list[tuple[bool, Any]] = []
+
+    def work() -> None:
+        try:
+            outcome.append((True, func(*args)))
+        except BaseException as exc:
+            outcome.append((False, exc))
+        finally:
+            done.set()
+
+    context = contextvars.copy_context()
+    threading.Thread(target=context.run, args=(work,), name="corral-compile", daemon=True).start()
+    try:
+        await anyio.to_thread.run_sync(done.wait, abandon_on_cancel=True)
+    finally:
+        done.set()  # cancelled: the waiting worker goes back to its pool; `work` runs on, unwatched
+    ok, value = outcome[0]
+    if ok:
+        return value
+    raise value
 
 
 def lock_errors(definitions: DefinitionSet) -> list[dict[str, Any]]:
@@ -88,6 +125,7 @@ class Swapper:
         self.locked = locked
         self.listeners: list[Callable[[dict[str, Any]], Awaitable[None]]] = []  # told of applied swaps
         self._one_at_a_time = anyio.Lock()
+        self._compiling = threading.Lock()  # held by the compile thread, abandoned or not
 
     async def reload(self, trigger: str, changed: Iterable[str] | None = None) -> dict[str, Any]:
         """Compile and swap; `changed` (from the watcher) lets the compiler look at those paths only."""
@@ -99,7 +137,7 @@ class Swapper:
                 "changes": [], "busy": [], "errors": [],
             }
             try:
-                candidate = await anyio.to_thread.run_sync(self.compiler.compile, changed)
+                candidate = await run_abandonable(self._compile, changed)
             except DefinitionsInvalid as exc:
                 report.update(status="rejected", errors=[
                     {"code": "definitions_invalid", **e.as_dict()} for e in exc.errors])
@@ -107,6 +145,10 @@ class Swapper:
                 await self._consider(previous, candidate, report)
             await self._announce(report)
             return report
+
+    def _compile(self, changed: Iterable[str] | None) -> DefinitionSet:
+        with self._compiling:
+            return self.compiler.compile(changed)
 
     async def _consider(self, previous: DefinitionSet, candidate: DefinitionSet,
                         report: dict[str, Any]) -> None:

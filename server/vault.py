@@ -5,8 +5,10 @@ server's script and a skill's files. For a pinned conversation, or a turn
 that started before an edit, "what runs is exactly what was reviewed" means
 running that content, not whatever the file says now. So every file of every
 served definition is kept here by digest (`STATE/files/<hex>/<name>`), and
-executors resolve a file through `FileVault.resolve`: the file on disk when
-it still has the expected digest, else the kept copy, else a clear error.
+executors resolve a file through `FileVault.resolve` (or take its bytes from
+`FileVault.read`): the file on disk when it still has the expected digest,
+else the kept copy, else a clear error. Files are read with
+`sources.read_regular`, so a FIFO planted where a file was is never opened.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from .canonical import PREFIX, digest_bytes
+from .sources import read_regular
 
 
 class FileChanged(Exception):
@@ -39,7 +42,7 @@ class FileVault:
             if kept is None or kept.exists():
                 continue
             try:
-                data = (base / rel).read_bytes()
+                data = read_regular(base / rel)
             except OSError:
                 continue
             if digest_bytes(data) != digest:
@@ -53,15 +56,30 @@ class FileVault:
     def resolve(self, base: Path, rel: str, digest: str) -> Path:
         path = base / rel
         try:
-            if digest_bytes(path.read_bytes()) == digest:
+            if digest_bytes(read_regular(path)) == digest:
                 return path
         except OSError:
             pass
         kept = self._kept(digest, rel)
         if kept is not None and kept.exists():
             return kept
-        raise FileChanged(f"{rel} changed since this definition was compiled ({digest[:19]}…)"
-                          " and no copy of the compiled content was kept")
+        raise _changed(rel, digest)
+
+    def read(self, base: Path, rel: str, digest: str) -> bytes:
+        """The compiled content of `base/rel` itself, checked as read (no window for a swap after it)."""
+        try:
+            data = read_regular(base / rel)
+            if digest_bytes(data) == digest:
+                return data
+        except OSError:
+            pass
+        kept = self._kept(digest, rel)
+        try:
+            if kept is not None:
+                return read_regular(kept)
+        except OSError:
+            pass
+        raise _changed(rel, digest)
 
     def kept(self, rel: str, digest: str) -> Path | None:
         """The kept copy alone (for a definition rebuilt from the store, whose files have no place)."""
@@ -71,6 +89,11 @@ class FileVault:
     def argv(self, base: Path, items: Iterable[str], files: Mapping[str, str]) -> list[str]:
         """Argv with every element naming a definition file resolved to the compiled content."""
         return [str(self.resolve(base, item, files[item])) if item in files else item for item in items]
+
+
+def _changed(rel: str, digest: str) -> FileChanged:
+    return FileChanged(f"{rel} changed since this definition was compiled ({digest[:19]}…)"
+                       " and no copy of the compiled content was kept")
 
 
 NO_VAULT = FileVault(None)  # disk only: for callers outside a server (tests, the CLI)

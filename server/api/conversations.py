@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -25,7 +25,7 @@ class CreateConversation(BaseModel):
 class SendMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
     content: str = Field(min_length=1)
-    stream: bool = False
+    stream: StrictBool = False
     if_busy: Literal["reject", "enqueue", "interrupt"] | None = None
 
 

@@ -19,6 +19,7 @@ from ..logs import request_id
 
 log = logging.getLogger("corral.http")
 Body = TypeVar("Body", bound=BaseModel)
+MAX_JSON_DEPTH = 64
 
 
 def error_response(exc: CorralError) -> JSONResponse:
@@ -44,19 +45,38 @@ async def internal_error_handler(request: Request, exc: Exception) -> Response:
 
 
 async def read_json(request: Request, model: type[Body]) -> Body:
-    """Parse and validate a JSON body; every failure is a 400 `invalid_request`."""
+    """Parse and validate a JSON body; every failure is a 400 `invalid_request`.
+
+    Nesting is capped at `MAX_JSON_DEPTH`: far deeper than any request needs, and shallow enough
+    that nothing downstream (validation, storage, canonical JSON) can exhaust the stack.
+    """
     raw = await request.body()
     try:
         data = json.loads(raw or b"null")
+    except RecursionError:  # json's parser recurses per level: 100,000 `[` overflow the stack
+        raise RequestError(f"body is nested more than {MAX_JSON_DEPTH} levels deep") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(f"body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise RequestError("body must be a JSON object")
+    if _deeper_than(data, MAX_JSON_DEPTH):  # parsed, it would still overflow whatever recurses on it later
+        raise RequestError(f"body is nested more than {MAX_JSON_DEPTH} levels deep")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         details = [{"field": ".".join(map(str, e["loc"])), "message": e["msg"]} for e in exc.errors()]
         raise RequestError("invalid request body", details=details) from None
+
+
+def _deeper_than(data: Any, limit: int) -> bool:
+    """Whether lists and objects nest more than `limit` deep; level by level, so nothing recurses."""
+    level = [data]
+    for _ in range(limit):
+        level = [child for node in level if isinstance(node, (dict, list))
+                 for child in (node.values() if isinstance(node, dict) else node)]
+        if not level:
+            return False
+    return any(isinstance(node, (dict, list)) for node in level)
 
 
 def page_params(request: Request, default: int = 50) -> tuple[int, str | None]:

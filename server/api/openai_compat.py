@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -35,7 +35,7 @@ class ChatRequest(BaseModel):
     model_config = ConfigDict(extra="allow")  # OpenAI clients send many knobs we ignore
     model: str = Field(min_length=1)
     messages: list[ChatMessage] = Field(min_length=1)
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: dict[str, Any] | None = None
 
 

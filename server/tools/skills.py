@@ -4,7 +4,9 @@ The model sees every skill's name and description in its instructions;
 activating one returns its body and the list of its files; reading a
 resource returns one file of the skill's folder and nothing outside it
 (no `..`, no absolute path, no symlink out), and only a file whose content
-still matches the digest the definitions were compiled with.
+still matches the digest the definitions were compiled with. Only regular
+files are opened (`sources.read_regular`): a FIFO planted in the folder is a
+tool error, not a turn stuck on an open that waits for a writer.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 from ..canonical import freeze
 from ..definitions import SkillDefinition
 from ..messages import ToolSpec
+from ..sources import read_regular
 from ..vault import FileChanged
 from .base import ToolContext, ToolOutput, cap_output
 
@@ -82,11 +85,10 @@ class ReadSkillResource:
         if expected is None or path.is_dir():
             return ToolOutput(f"skill {skill.name} has no file {written!r}", is_error=True)
         try:  # the content the skill was compiled with, even if the file changed since
-            source = ctx.files.resolve(skill.folder.resolve(), rel, expected)
+            data = ctx.files.read(skill.folder.resolve(), rel, expected)
         except FileChanged as exc:
             return ToolOutput(str(exc), is_error=True)
-        return ToolOutput(cap_output(source.read_bytes()))
-
+        return ToolOutput(cap_output(data))
 
     @staticmethod
     def _from_vault(skill: SkillDefinition, written: str, ctx: ToolContext) -> ToolOutput:
@@ -98,7 +100,10 @@ class ReadSkillResource:
         kept = ctx.files.kept(rel, digest) if digest and not rel.startswith(("/", "..")) else None
         if kept is None:
             return ToolOutput(f"skill {skill.name} has no file {written!r}", is_error=True)
-        return ToolOutput(cap_output(kept.read_bytes()))
+        try:
+            return ToolOutput(cap_output(read_regular(kept)))
+        except OSError as exc:
+            return ToolOutput(f"skill {skill.name}: cannot read {written!r}: {exc.strerror}", is_error=True)
 
 
 def _inside(folder: Path, written: str) -> Path | None:
