@@ -2,9 +2,11 @@
 
 Responsible for: creating conversations on a resolved agent; accepting a
 message under the busy policy (`reject` answers 409 naming the running turn,
-`enqueue` waits its turn in order, `interrupt` cancels the running turn
-first); idempotency keys; running each turn in the service's task group (so
-a client that disconnects cancels nothing); persisting the transcript and
+`enqueue` waits its turn in order, `interrupt` cancels the running turn and
+every turn queued before it: those end cancelled without running);
+idempotency keys (a key reused with another body is refused); running each
+turn in the service's task group (so a client that disconnects cancels
+nothing); persisting the transcript and
 every event before publishing it; and live event streams that replay from
 the store, so `Last-Event-ID` resumes without loss or duplicates.
 
@@ -14,11 +16,13 @@ or which definitions are current (`registry`).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -32,7 +36,7 @@ from .metrics import Metrics
 from .registry import Registry, split_ref
 from .runtime import Runtime
 from .store.base import ConversationRecord, EventRecord, Store, TurnRecord
-from .turns import TurnRunner
+from .turns import Ending, TurnRunner
 
 log = logging.getLogger("corral.conversations")
 
@@ -48,6 +52,19 @@ class ConversationBusy(RequestError):
     code = "conversation_busy"
 
 
+class IdempotencyKeyReused(RequestError):
+    code = "idempotency_key_reused"
+
+
+class _Superseded(Exception):
+    """A queued turn that a later `interrupt` cancelled before it could start."""
+
+
+def request_digest(text: str, if_busy: str | None) -> str:
+    """What an idempotent request asked for; how its answer is delivered (`stream`) is not part of it."""
+    return "sha256:" + hashlib.sha256(json.dumps([text, if_busy]).encode()).hexdigest()
+
+
 @dataclass
 class Running:
     turn: TurnRecord
@@ -59,12 +76,14 @@ class Running:
     asked: dict[str, Any] | None = None  # the permission request it is waiting on, if any
     attention: anyio.Event = field(default_factory=anyio.Event)  # set when it asks, or ends
     reason: str | None = None  # why it was cancelled: "interrupted" by shutdown, else a client
+    ending: Ending | None = None  # how it ended, once it has (also when the store could not take it)
 
 
 @dataclass
 class _Pending:
     """A request holding an idempotency key; duplicates wait for its outcome and share it."""
 
+    request: str
     ready: anyio.Event = field(default_factory=anyio.Event)
     running: Running | None = None
     error: BaseException | None = None
@@ -86,6 +105,8 @@ class _Live:
     # Ids of the turn holding the slot (first) and of those waiting for it, in order. Set before
     # any await, so a rejected request always names a turn, even one that is still starting.
     queue: deque[str] = field(default_factory=deque)
+    waiting: dict[str, anyio.CancelScope] = field(default_factory=dict)  # turns waiting for the slot
+    superseded: set[str] = field(default_factory=set)  # queued turns an `interrupt` cancelled
 
 
 class Conversations:
@@ -170,18 +191,20 @@ class Conversations:
         live = self._live.setdefault(conversation_id, _Live())
         if not idempotency_key:
             return await self._start(live, conversation, text, if_busy, None)
+        asked = request_digest(text, if_busy)
         # A key in flight first: its turn is in the store too, but still running, not a result yet.
         if idempotency_key in live.keys:
-            return await live.keys[idempotency_key].outcome()
+            return await self._same_request(live.keys[idempotency_key], asked)
         found = await self._stored_turn(conversation_id, idempotency_key)
         if found is not None:
+            _check_reuse(found.turn, asked)
             return found
         # No await between this check and the reservation: a concurrent duplicate sees one or the other.
         if idempotency_key in live.keys:
-            return await live.keys[idempotency_key].outcome()
-        pending = live.keys[idempotency_key] = _Pending()
+            return await self._same_request(live.keys[idempotency_key], asked)
+        pending = live.keys[idempotency_key] = _Pending(asked)
         try:
-            pending.running = await self._start(live, conversation, text, if_busy, idempotency_key)
+            pending.running = await self._start(live, conversation, text, if_busy, idempotency_key, asked)
             return pending.running
         except BaseException as exc:
             pending.error = exc
@@ -190,44 +213,87 @@ class Conversations:
         finally:
             pending.ready.set()
 
+    @staticmethod
+    async def _same_request(pending: _Pending, asked: str) -> Running:
+        if pending.request != asked:
+            raise _reused(None)
+        return await pending.outcome()
+
     async def _start(self, live: _Live, conversation: ConversationRecord, text: str,
-                     if_busy: str | None, key: str | None) -> Running:
+                     if_busy: str | None, key: str | None, asked: str | None = None) -> Running:
         closure = await self.registry.resolve(conversation.agent)
         policy = if_busy or closure.agent.on_busy
         if policy not in BUSY_POLICIES:
             raise RequestError(f"if_busy must be one of {', '.join(BUSY_POLICIES)}")
         turn_id = new_id("turn")
-        await self._take_slot(live, policy, turn_id)
+        try:
+            await self._take_slot(live, policy, turn_id)
+        except _Superseded:
+            turn = self.runner.new_turn(conversation, closure, text, key, turn_id, asked)
+            return await self.runner.never_ran(Running(turn=turn))
         try:
             if not self.accepting:  # shutdown began while this turn waited for its slot
                 raise CorralError("the server is shutting down", code="overloaded")
             conversation = await self.get(conversation.id)
             # what is current now that it is our turn
             closure = await self.registry.resolve(conversation.agent)
-            running = Running(turn=self.runner.new_turn(conversation, closure, text, key, turn_id))
+            turn = self.runner.new_turn(conversation, closure, text, key, turn_id, asked)
+            if turn_id in live.superseded:  # an `interrupt` came while this turn was starting
+                live.superseded.discard(turn_id)
+                raise _Superseded
+            running = Running(turn=turn)
             live.running = running
             assert self._tg is not None
             await self._tg.start(self._run_turn, live, conversation, closure, running)
             return running
+        except _Superseded:
+            self._leave(live, turn_id)
+            return await self.runner.never_ran(Running(turn=turn))
         except BaseException:
-            live.running = None
-            live.queue.remove(turn_id)
-            live.slot.release()
+            self._leave(live, turn_id)
             raise
 
+    def _leave(self, live: _Live, turn_id: str) -> None:
+        """A turn that held the slot gives it up without having run."""
+        live.running = None
+        live.queue.remove(turn_id)
+        live.slot.release()
+
     async def _take_slot(self, live: _Live, policy: str, turn_id: str) -> None:
+        """Wait for the conversation's one slot; raises `_Superseded` if an interrupt cancels the wait."""
         if live.queue and policy == "reject":
             busy_with = live.queue[0]
             raise ConversationBusy(f"the conversation is busy with turn {busy_with}",
                                    details={"turn_id": busy_with})
-        if policy == "interrupt" and live.running is not None:
-            live.running.scope.cancel()
+        if policy == "interrupt":
+            self._supersede(live)
         live.queue.append(turn_id)
+        waited = live.waiting[turn_id] = anyio.CancelScope()
         try:
-            await live.slot.acquire()
+            with waited:
+                await live.slot.acquire()
         except BaseException:
             live.queue.remove(turn_id)
             raise
+        finally:
+            live.waiting.pop(turn_id, None)
+        if turn_id in live.superseded:
+            if not waited.cancelled_caught:  # the slot came before the cancellation: pass it on
+                live.slot.release()
+            live.superseded.discard(turn_id)
+            live.queue.remove(turn_id)
+            raise _Superseded
+
+    @staticmethod
+    def _supersede(live: _Live) -> None:
+        """`interrupt`: cancel the running turn and every turn queued before the new one."""
+        if live.running is not None:
+            live.running.scope.cancel()
+        for turn_id in live.queue:
+            if live.running is None or turn_id != live.running.turn.id:
+                live.superseded.add(turn_id)
+                if turn_id in live.waiting:
+                    live.waiting[turn_id].cancel()
 
     async def _stored_turn(self, conversation_id: str, key: str) -> Running | None:
         turn = await self.store.find_turn_by_key(conversation_id, key, 0.0)
@@ -284,6 +350,8 @@ class Conversations:
         await running.done.wait()
         turn = await self.store.get_turn(running.turn.id)
         assert turn is not None
+        if running.ending is not None:  # ended here: what the store says may lag (a failed write)
+            turn = replace(turn, **running.ending.changes)
         messages = running.messages if running.messages is not None else await self._turn_messages(turn)
         body: dict[str, Any] = {
             "turn_id": turn.id, "digest": turn.digest, "status": turn.status,
@@ -347,6 +415,17 @@ class Conversations:
                 yield event
             if len(page) < 500:
                 return
+
+
+def _reused(turn_id: str | None) -> IdempotencyKeyReused:
+    return IdempotencyKeyReused("this Idempotency-Key was used with a different request body",
+                                details={"turn_id": turn_id} if turn_id else None)
+
+
+def _check_reuse(turn: TurnRecord, asked: str) -> None:
+    # turns stored before request digests were kept have none: they cannot be told apart
+    if turn.request_digest is not None and turn.request_digest != asked:
+        raise _reused(turn.id)
 
 
 def _ends(event: EventRecord, turn_id: str) -> bool:

@@ -188,6 +188,14 @@ class CommandAction(Strict):
             raise ValueError("argv[0] must name a program")
         return v
 
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        reserved = sorted(name for name in v if name.upper().startswith("CORRAL_"))
+        if reserved:
+            raise ValueError(f"{', '.join(reserved)}: CORRAL_* names are reserved for Corral's own settings")
+        return v
+
 
 class ToolDocument(Document):
     kind: Literal["Tool"]

@@ -6,7 +6,7 @@
     ├── RequestError                 the client's mistake (4xx)
     │   ├── InvalidRequest, NotFound, ConversationBusy, Unauthorized, ...
     └── RunError                     something failed while a turn ran
-        ├── ModelError, ToolError, Interrupted
+        ├── ModelError, ToolError, StorageError, Interrupted
 
 `DefinitionError` is not an exception: compilation collects all of them and
 raises (or returns) them together, because an author wants every mistake in
@@ -33,12 +33,17 @@ HTTP_STATUS: dict[str, int] = {
     "conversation_busy": 409,
     "conflict": 409,
     "method_not_allowed": 405,
+    "request_timeout": 408,
     "payload_too_large": 413,
+    "unsupported_media_type": 415,
+    "host_not_allowed": 421,
+    "idempotency_key_reused": 422,
     "definitions_invalid": 422,
     "lock_mismatch": 409,
     "model_error": 502,
     "tool_error": 502,
     "overloaded": 503,
+    "storage_error": 503,
     "interrupted": 500,
     "internal": 500,
 }
@@ -89,6 +94,12 @@ class ModelError(RunError):
 
 class ToolError(RunError):
     code = "tool_error"
+
+
+class StorageError(RunError):
+    """The store could not commit (or read) what a turn needed; the message names no path."""
+
+    code = "storage_error"
 
 
 @dataclass(frozen=True, kw_only=True, order=True)

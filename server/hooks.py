@@ -10,9 +10,11 @@ matches every tool, anything else must match the whole tool name as a regex
 
 A command hook runs its argv without a shell (an element naming a file of the
 definition directory runs as its absolute path), in the definition directory,
-with the JSON on stdin and `CORRAL_PROJECT_DIR` / `CLAUDE_PROJECT_DIR` set to
-that directory; a time-out kills its whole process group. An HTTP hook POSTs
-the same JSON, with `${VAR}` in its headers resolved at call time. A hook
+with the JSON on stdin, the minimal environment of `confinement` and
+`CLAUDE_PROJECT_DIR` set to that directory; a time-out kills its whole
+process group. An HTTP hook POSTs the same JSON, with `${VAR}` in its headers
+resolved at call time. Whatever a hook answers (a reason, context, a
+rewritten input) has every secret value redacted before the turn uses it. A hook
 that times out, crashes, cannot start or answers what the protocol cannot read
 gets its `on_error`: allow, or deny with a reason that says what failed.
 
@@ -23,16 +25,17 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx
 
+from .confinement import NO_REDACTION, Redactor, child_environment
 from .definitions import HookDefinition
 from .documents import HOOK_EVENTS
 from .hook_protocol import Answer, HookFailed, Verdict, blocked, combine, read_output
@@ -62,12 +65,14 @@ class Hooks:
         environ: Mapping[str, str],
         base: Mapping[str, Any],
         files: FileVault = NO_VAULT,
+        redactor: Redactor = NO_REDACTION,
     ):
         self.files = files
+        self.redactor = redactor
         self.hooks = tuple(hooks)
         self.root = root
         self.http = http
-        self.environ = environ  # ${VAR} in HTTP headers; added to a command hook's environment
+        self.environ = environ  # for ${VAR} in HTTP headers; never handed to a command hook
         self.base = dict(base)
         self._matchers = [re.compile(h.matcher) if h.matcher else None for h in self.hooks]
 
@@ -114,7 +119,7 @@ class Hooks:
         else:
             elapsed_ms = (time.monotonic() - started) * 1000
             log.debug("hook %s on %s: %s (%.0f ms)", hook.name, event, answer.verdict.decision, elapsed_ms)
-            return answer
+            return self._redacted(answer)
         elapsed_ms = (time.monotonic() - started) * 1000
         log.warning("hook %s on %s: %s, on_error %s (%.0f ms)", hook.name, event, failure, hook.on_error,
                     elapsed_ms)
@@ -126,8 +131,7 @@ class Hooks:
             argv = self.files.argv(self.root, hook.command, hook.files)
         except FileChanged as exc:
             raise HookFailed(f"hook {hook.name}: {exc}") from None
-        env = {**os.environ, **self.environ, "CORRAL_PROJECT_DIR": str(self.root),
-               "CLAUDE_PROJECT_DIR": str(self.root)}
+        env = child_environment({"CLAUDE_PROJECT_DIR": str(self.root)})
         try:
             finished = await run_process(argv, cwd=self.root, env=env, timeout_s=hook.timeout_s,
                                          output_limit=OUTPUT_LIMIT, stderr_tail=STDERR_TAIL, stdin=body)
@@ -140,6 +144,16 @@ class Hooks:
         if finished.returncode != 0:
             raise HookFailed(f"hook {hook.name} failed ({finished.status})")
         return read_output(hook.name, event, finished.stdout.text())
+
+    def _redacted(self, answer: Answer) -> Answer:
+        if not self.redactor:
+            return answer
+        v = answer.verdict
+        updated = None if v.updated_input is None else self.redactor.value(v.updated_input)
+        verdict = replace(v, reason=self.redactor.text(v.reason) if v.reason else v.reason,
+                          context=tuple(self.redactor.text(c) for c in v.context), updated_input=updated,
+                          stop_continue=self.redactor.text(v.stop_continue) if v.stop_continue else None)
+        return replace(answer, verdict=verdict)
 
     async def _post(self, hook: HookDefinition, event: str, body: bytes) -> Answer:
         spec = hook.http or {}

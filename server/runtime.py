@@ -1,8 +1,9 @@
 """From a closure to a runnable turn: models wrapped for resilience, tools built.
 
 The runtime owns what turns share (the outbound HTTP client, the process
-environment for `${VAR}` secrets) and builds a `TurnPlan` for the one agent
-loop. It never decides busy/idle or persistence: that is `conversations`.
+environment for `${VAR}` secrets and the `Secrets` every tool result and hook
+answer is redacted of) and builds a `TurnPlan` for the one agent loop. It
+never decides busy/idle or persistence: that is `conversations`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import httpx
 
+from .confinement import Secrets
 from .definitions import (
     AgentDefinition,
     Closure,
@@ -50,9 +52,10 @@ class Runtime:
     def __init__(self, http: httpx.AsyncClient, environ: Mapping[str, str] | None = None,
                  mcp: MCPToolSource | None = None, permissions: PermissionBroker | None = None,
                  files: FileVault = NO_VAULT,
-                 metrics: Metrics | None = None):
+                 metrics: Metrics | None = None, secrets: Secrets | None = None):
         self.http = http
         self.environ = os.environ if environ is None else environ
+        self.secrets = Secrets(self.environ) if secrets is None else secrets
         self.mcp = mcp
         self.permissions = permissions
         self.files = files
@@ -102,7 +105,8 @@ class Runtime:
         skills = self._skills(closure)
         if skills:
             tools += [(ActivateSkill(skills), "allow"), (ReadSkillResource(skills), "allow")]
-        return {tool.spec.name: Guarded(tool, permission, hooks, self.permissions)
+        redactor = self.secrets.redactor
+        return {tool.spec.name: Guarded(tool, permission, hooks, self.permissions, redactor)
                 for tool, permission in tools}
 
     async def _tool_ref(self, closure: Closure, ref: str) -> list[tuple[ToolPort, str]]:
@@ -150,13 +154,15 @@ class Runtime:
         base = {"session_id": context.conversation_id, "cwd": str(closure.root),
                 "corral": {"agent": context.agent, "digest": context.digest, "turn_id": context.turn_id}}
         return Hooks(found, root=closure.root, http=self.http, environ=self.environ, base=base,
-                     files=self.files)
+                     files=self.files, redactor=self.secrets.redactor)
 
     # --- plans ---------------------------------------------------------------
 
     async def plan(self, closure: Closure, history: tuple[Message, ...], text: str,
                    context: ToolContext) -> TurnPlan:
         agent = closure.agent
+        # a pinned closure may reference secrets the current set no longer does
+        self.secrets.learn(d.spec for d in closure.members.values())
         instructions = agent.instructions
         skills = self._skills(closure)
         if skills:

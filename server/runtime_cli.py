@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import logging
 import sys
@@ -15,7 +14,7 @@ import httpx
 
 from . import logs
 from .errors import CorralError
-from .settings import Settings
+from .settings import Settings, is_loopback
 
 
 def add_verbs(verbs: argparse._SubParsersAction,
@@ -69,15 +68,6 @@ def settings_from(args: argparse.Namespace) -> Settings:
         raise CorralError(f"invalid settings: {exc}", code="invalid_request") from None
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     from .compiler import Compiler
 
@@ -87,7 +77,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from .swaps import check_locked
 
         check_locked(definitions)
-    if not _is_loopback(settings.host) and not settings.keys:
+    if not is_loopback(settings.host) and not settings.keys:
         if not args.insecure:
             print(f"error: refusing to bind {settings.host} without CORRAL_API_KEYS "
                   "(set keys, or pass --insecure to accept the risk)", file=sys.stderr)
@@ -104,6 +94,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5, lifespan="on",
     )
     _draining_server(config, app).run()
+    service = getattr(app.state, "service", None)
+    if service is not None and service.exit_code:
+        print(f"error: {service.failed.message if service.failed else 'the server failed'}", file=sys.stderr)
+        return service.exit_code
     return 0
 
 
@@ -117,6 +111,12 @@ def _draining_server(config, app):
             if service is not None:
                 service.begin_shutdown()
             super().handle_exit(sig, frame)
+
+        async def on_tick(self, counter: int) -> bool:
+            service = getattr(app.state, "service", None)
+            if service is not None and service.exit_code is not None:
+                return True  # the service gave up (its store died): stop, and exit with its code
+            return await super().on_tick(counter)
 
     return DrainingServer(config)
 

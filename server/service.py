@@ -4,11 +4,17 @@
 turns a crash interrupted), the outbound HTTP client and the task group
 turns run in; it yields a `Service` and closes all of it on exit. The HTTP
 app, `corral chat` and `corral mcp` are thin surfaces over this object.
+
+A store that cannot be written at all (`StoreHealth`) makes the service
+`failed`: health checks fail, new turns are refused, running ones get the
+shutdown grace, and then `exit_code` is 1 so the process exits and a
+supervisor restarts it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -21,7 +27,9 @@ import anyio
 import httpx
 
 from .compiler import Compiler
+from .confinement import Secrets
 from .conversations import Conversations
+from .errors import CorralError
 from .events import EventHub
 from .lockfile import LockError, read_lock
 from .metrics import Metrics
@@ -30,6 +38,7 @@ from .registry import Registry
 from .runtime import Runtime
 from .settings import Settings
 from .store.base import Store
+from .store.health import StoreHealth
 from .swaps import Swapper, check_locked
 from .tools.mcp import MCPConnections
 from .vault import FileVault
@@ -50,8 +59,15 @@ class Service:
     conversations: Conversations
     swapper: Swapper
     permissions: PermissionBroker
+    health: StoreHealth | None = None
     ready: bool = False
     stopping: anyio.Event = field(default_factory=anyio.Event)
+    exit_code: int | None = None  # set when the process should exit on its own (a dead store)
+
+    @property
+    def failed(self) -> CorralError | None:
+        """Why this service can no longer work (its store cannot be written), if it cannot."""
+        return self.health.error if self.health is not None else None
 
     def begin_shutdown(self) -> None:
         """SIGTERM: refuse new turns now; running ones get the grace period (see `_drain_on_stop`)."""
@@ -79,6 +95,8 @@ async def open_service(settings: Settings) -> AsyncIterator[Service]:
         check_locked(definitions)
     store = open_store(settings)
     await store.open()
+    health = StoreHealth(store, settings.storage_grace_s)
+    store.on_failure = health.suspect
     try:
         await _recover(store)
         hub, metrics = EventHub(), Metrics()
@@ -90,15 +108,22 @@ async def open_service(settings: Settings) -> AsyncIterator[Service]:
         async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
             permissions = PermissionBroker(store, settings.permission_timeout_s)
             mcp = _mcp_connections(definitions.root, settings.locked, hub, files)
-            runtime = Runtime(client, mcp=mcp, permissions=permissions, metrics=metrics, files=files)
+            secrets = Secrets(os.environ, settings.keys)
+            secrets.learn(d.spec for d in definitions)
+            runtime = Runtime(client, mcp=mcp, permissions=permissions, metrics=metrics, files=files,
+                              secrets=secrets)
             conversations = Conversations(store, registry, runtime, hub, metrics,
                                           idempotency_ttl_s=settings.idempotency_ttl_s,
                                           max_turns=settings.max_concurrent_turns)
             swapper = Swapper(compiler, registry, conversations, store, hub, metrics, locked=settings.locked)
             swapper.listeners.append(_mcp_follows_swaps(mcp, registry))
+            swapper.listeners.append(_secrets_follow_swaps(secrets, registry))
             service = Service(settings, compiler, registry, store, runtime, hub, metrics, conversations,
-                              swapper, permissions)
+                              swapper, permissions, health)
+            health.on_recovered.append(conversations.runner.record_unrecorded)
             async with anyio.create_task_group() as tg:
+                await tg.start(health.run)
+                tg.start_soon(_stop_when_the_store_dies, service)
                 await tg.start(mcp.run)
                 await tg.start(conversations.run)
                 if settings.watch:
@@ -152,6 +177,15 @@ def _mcp_follows_swaps(mcp: MCPConnections, registry: Registry):
     return on_swap
 
 
+def _secrets_follow_swaps(secrets: Secrets, registry: Registry):
+    """After a swap: the new set's `${VAR}` values are redacted too (the old ones stay redacted)."""
+
+    async def on_swap(report: dict) -> None:
+        secrets.learn(d.spec for d in registry.current)
+
+    return on_swap
+
+
 async def _reload_on_sighup(swapper: Swapper, task_status=anyio.TASK_STATUS_IGNORED) -> None:
     with anyio.open_signal_receiver(signal.SIGHUP) as signals:
         task_status.started()  # handled from here: a SIGHUP once the server is ready never kills it
@@ -168,6 +202,15 @@ async def _recover(store: Store) -> None:
         error = turn.error or {"code": "interrupted", "message": "the server stopped during this turn"}
         data = {"turn_id": turn.id, "error": error}
         await store.append_event(turn.conversation_id, "turn.failed", data, now)
+
+
+async def _stop_when_the_store_dies(service: Service) -> None:
+    assert service.health is not None
+    await service.health.dead.wait()
+    service.begin_shutdown()  # /healthz fails from now on; running turns get the grace
+    await service.conversations.drain(service.settings.shutdown_grace_s)
+    service.hub.close_all()
+    service.exit_code = 1
 
 
 async def _drain_on_stop(service: Service) -> None:

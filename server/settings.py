@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Literal
 
@@ -19,14 +20,18 @@ class Settings(BaseSettings):
     database_url: str | None = None
     locked: bool = False
     api_keys: str = ""  # comma-separated; kept as text so the env var needs no JSON
+    allowed_hosts: str = ""  # comma-separated Host names accepted besides loopback ones
+    cors_origins: str = ""  # comma-separated origins a browser may call from (CORS)
     log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
     log_format: Literal["text", "json"] = "text"
     watch: bool = True
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    body_timeout_s: float = Field(default=30.0, gt=0)
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     idempotency_ttl_s: float = Field(default=24 * 3600, gt=0)
     max_concurrent_turns: int = Field(default=1000, gt=0)
     permission_timeout_s: float = Field(default=300.0, gt=0)
+    storage_grace_s: float = Field(default=10.0, gt=0)  # a store failing writes this long is dead
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -35,8 +40,31 @@ class Settings(BaseSettings):
 
     @property
     def keys(self) -> tuple[str, ...]:
-        return tuple(k.strip() for k in self.api_keys.split(",") if k.strip())
+        return _items(self.api_keys)
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        return _items(self.allowed_hosts)
+
+    @property
+    def origins(self) -> tuple[str, ...]:
+        return _items(self.cors_origins)
 
     @property
     def database_path(self) -> Path:
         return self.state_dir / "corral.db"
+
+
+def _items(text: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+def is_loopback(host: str) -> bool:
+    """A bind address (or Host name) only this machine can reach: `localhost` or any loopback IP."""
+    host = host.strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -47,32 +47,32 @@ def _without_secrets(template: str) -> str:
     return SECRET_REF.sub(lambda m: "$" + "_" * (len(m.group(0)) - 1), template)
 
 
+_PIECE = re.compile(SECRET_REF.pattern + r"|" + _TOKEN.pattern)  # a secret reference, or a template token
+
+
 def render(template: str, values: Mapping[str, Any], encode: Callable[[str], str] = str) -> str:
-    """Fill placeholders from `values`, each passed through `encode`; secrets stay as written."""
-    secrets: list[str] = []
+    """Fill placeholders from `values`, each passed through `encode`; secrets stay as written.
 
-    def keep_secret(match: re.Match[str]) -> str:
-        secrets.append(match.group(0))
-        return "\0"
-
-    masked = SECRET_REF.sub(keep_secret, template)
+    One pass over the template: a value is never scanned again, so whatever it holds (braces,
+    `${X}`, a NUL byte) is kept exactly as given.
+    """
 
     def fill(match: re.Match[str]) -> str:
         token = match.group(0)
+        if match.group(1) is not None:  # ${VAR}: resolved at use time, not here
+            return token
         if token == "{{":
             return "{"
         if token == "}}":
             return "}"
-        name = match.group(1)
+        name = match.group(3)
         if name is None or name not in values or values[name] is None:
             raise MissingValue(name or token)
         value = values[name]
         text = value if isinstance(value, str) else _json_text(value)
         return encode(text)
 
-    filled = _TOKEN.sub(fill, masked)
-    parts = filled.split("\0")
-    return "".join(p + (secrets[i] if i < len(secrets) else "") for i, p in enumerate(parts))
+    return _PIECE.sub(fill, template)
 
 
 def _json_text(value: Any) -> str:

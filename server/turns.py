@@ -4,7 +4,11 @@ Every event is written to the store first and published second, so a live
 reader and a replaying one see the same sequence. A turn ends in exactly one
 of `turn.completed`, `turn.failed` (with the error envelope) or
 `turn.cancelled`; `finish` writes that ending even when the turn was
-cancelled, under a shield.
+cancelled, under a shield. Nothing a turn raises escapes it: a storage
+failure fails the turn with `storage_error`, a bug with `internal`. An
+ending the store could not take is kept (`Running.ending`, so the waiting
+client still gets it) and written once the store is writable again
+(`record_unrecorded`).
 """
 
 from __future__ import annotations
@@ -12,10 +16,11 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .definitions import Closure
-from .errors import CorralError
+from .errors import CorralError, StorageError
 from .loop import Append, Done, Emit, run_turn
 from .messages import Message, repair_history
 from .store.base import ConversationRecord, EventRecord, TurnRecord
@@ -38,14 +43,30 @@ class TurnRunner:
         self.hub = hub
         self.metrics = metrics
         self.transcripts = Transcripts(store)
+        self.unrecorded: list[Ending] = []  # endings the store could not take (see `finish`)
 
     def new_turn(self, conversation: ConversationRecord, closure: Closure, text: str,
-                 key: str | None, turn_id: str) -> TurnRecord:
+                 key: str | None, turn_id: str, request_digest: str | None = None) -> TurnRecord:
         return TurnRecord(
             id=turn_id, conversation_id=conversation.id, agent=closure.agent.name,
             digest=closure.agent.digest, status="running", input=text, idempotency_key=key,
-            started_at=time.time(),
+            request_digest=request_digest if key else None, started_at=time.time(),
         )
+
+    async def never_ran(self, running: Running) -> Running:
+        """Record a turn cancelled while it waited for its slot: started and cancelled, nothing run."""
+        turn = running.turn
+        now = time.time()
+        await self.store.create_turn(replace(turn, status="cancelled", stop_reason="cancelled", ended_at=now))
+        running.started_seq = await self.emit(turn.conversation_id, "turn.started", {
+            "turn_id": turn.id, "digest": turn.digest, "agent": turn.agent,
+        })
+        await self.emit(turn.conversation_id, "turn.cancelled", {"turn_id": turn.id})
+        running.messages = []
+        running.done.set()
+        running.attention.set()
+        self.metrics.turns.inc(turn.agent, "cancelled")
+        return running
 
     async def emit(self, conversation_id: str, name: str, data: dict[str, Any]) -> int:
         now = time.time()
@@ -80,6 +101,9 @@ class TurnRunner:
                 await self._handle(conversation.id, turn, running, event)
         except CorralError as exc:
             running.outcome = ("failed", exc.envelope()["error"])
+        except Exception:  # a bug must fail this turn, not the task group every turn runs in
+            log.exception("turn %s failed unexpectedly", turn.id)
+            running.outcome = ("failed", {"code": "internal", "message": "internal error during the turn"})
 
     async def _handle(self, conversation_id: str, turn: TurnRecord, running: Running, event: Any) -> None:
         if isinstance(event, Emit):
@@ -96,37 +120,72 @@ class TurnRunner:
     async def finish(self, conversation: ConversationRecord, running: Running) -> None:
         """Record how the turn ended; runs shielded, whatever happened."""
         turn = running.turn
-        outcome = running.outcome
         now = time.time()
-        changes: dict[str, Any] = {"ended_at": now}
+        ending = running.ending = _ending(running, now)
         try:
-            if outcome is None:
-                if running.reason == "interrupted":
-                    error = {"code": "interrupted", "message": "the server shut down during this turn"}
-                    changes.update(status="failed", error=error)
-                    await self.emit(conversation.id, "turn.failed", {"turn_id": turn.id, "error": error})
-                else:
-                    changes.update(status="cancelled", stop_reason="cancelled")
-                    await self.emit(conversation.id, "turn.cancelled", {"turn_id": turn.id})
-            elif outcome[0] == "failed":
-                changes.update(status="failed", error=outcome[1])
-                await self.emit(conversation.id, "turn.failed", {"turn_id": turn.id, "error": outcome[1]})
-            else:
-                done: Done = outcome[1]
-                changes.update(status="completed", output=done.output, stop_reason=done.stop_reason,
-                               usage=done.usage.to_json())
-                await self.emit(conversation.id, "turn.completed", {
-                    "turn_id": turn.id, "output": done.output, "stop_reason": done.stop_reason,
-                    "usage": done.usage.to_json(),
-                })
-            await self.store.update_turn(turn.id, **changes)
-            await self.set_status(conversation.id, "idle")
+            await self._record(ending)
+        except StorageError:
+            log.error("could not record the end of turn %s: kept until the store is writable", turn.id)
+            self.unrecorded.append(ending)
         except Exception:
             log.exception("could not record the end of turn %s", turn.id)
         finally:
             self.metrics.busy.inc(amount=-1)
-            self.metrics.turns.inc(turn.agent, changes.get("status", "failed"))
+            self.metrics.turns.inc(turn.agent, ending.changes["status"])
             self.metrics.turn_duration.observe(now - turn.started_at, turn.agent)
+
+    async def _record(self, ending: Ending) -> None:
+        """The ending's writes, in order; a retry after a failure goes on from the first not done."""
+        steps = (
+            lambda: self.store.update_turn(ending.turn_id, **ending.changes),
+            lambda: self.emit(ending.conversation_id, ending.event, ending.data),
+            lambda: self.set_status(ending.conversation_id, "idle"),
+        )
+        for step in steps[ending.done:]:
+            await step()
+            ending.done += 1
+
+    async def record_unrecorded(self) -> None:
+        """The store is writable again: write the endings it could not take."""
+        pending, self.unrecorded = self.unrecorded, []
+        for ending in pending:
+            try:
+                await self._record(ending)
+            except StorageError:
+                self.unrecorded.append(ending)
+
+
+@dataclass
+class Ending:
+    """How a turn ended: the turn's new columns and its last event, and how much is written."""
+
+    conversation_id: str
+    turn_id: str
+    changes: dict[str, Any]
+    event: str
+    data: dict[str, Any]
+    done: int = 0  # steps of `TurnRunner._record` already committed
+
+
+def _ending(running: Running, now: float) -> Ending:
+    turn, outcome = running.turn, running.outcome
+    changes: dict[str, Any] = {"ended_at": now}
+    data: dict[str, Any] = {"turn_id": turn.id}
+    if outcome is None and running.reason == "interrupted":
+        outcome = ("failed", {"code": "interrupted", "message": "the server shut down during this turn"})
+    if outcome is None:
+        changes.update(status="cancelled", stop_reason="cancelled")
+        event = "turn.cancelled"
+    elif outcome[0] == "failed":
+        changes.update(status="failed", error=outcome[1])
+        event, data["error"] = "turn.failed", outcome[1]
+    else:
+        done: Done = outcome[1]
+        changes.update(status="completed", output=done.output, stop_reason=done.stop_reason,
+                       usage=done.usage.to_json())
+        event = "turn.completed"
+        data.update(output=done.output, stop_reason=done.stop_reason, usage=done.usage.to_json())
+    return Ending(turn.conversation_id, turn.id, changes, event, data)
 
 
 class _Channel:

@@ -277,7 +277,8 @@ def test_oversized_bodies(client: httpx.Client) -> None:
         yield b"x" * 2000
         yield b'"}'
 
-    error_of(client.post("/v1/conversations", content=chunks()), 413, "payload_too_large")
+    error_of(client.post("/v1/conversations", content=chunks(), headers={"Content-Type": "application/json"}),
+             413, "payload_too_large")
     cid = create(client)["id"]
     r = client.post(f"/v1/conversations/{cid}/messages", json={"content": "y" * 2000})
     error_of(r, 413, "payload_too_large")

@@ -240,3 +240,55 @@ async def test_concurrent_requests_with_one_key_make_one_turn(conversation_of, a
         assert [r.status_code for r in c.replies] == [200] * 3, [r.text for r in c.replies]
         assert len({r.json()["turn_id"] for r in c.replies}) == 1
         assert len(await c.turns()) == 1
+
+
+async def test_interrupt_cancels_every_turn_queued_before_it(conversation_of, tmp_path: Path) -> None:
+    """Four quick interrupting requests: three end cancelled, only the newest one runs to its end."""
+    c = await conversation_of()
+    gate = tmp_path / "gate"
+    three_answered = anyio.Event()
+
+    async def send() -> None:
+        await c.send(f"wait {gate}", if_busy="interrupt")
+        if len(c.replies) == 3:
+            three_answered.set()
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send)
+            await c.started()
+            for _ in range(3):
+                tg.start_soon(send)
+            await three_answered.wait()  # had any queued turn survived, it would still be waiting
+            open_gate(gate)
+    statuses = [r.json()["status"] for r in c.replies]
+    assert [r.status_code for r in c.replies] == [200] * 4, [r.text for r in c.replies]
+    assert statuses == ["cancelled"] * 3 + ["completed"], statuses
+    turns = await c.turns()
+    assert sorted(t["status"] for t in turns) == ["cancelled"] * 3 + ["completed"]
+    assert {t["id"] for t in turns} == {r.json()["turn_id"] for r in c.replies}
+    last = c.replies[-1].json()["turn_id"]
+    events = await read_events(c.client, c.id, ended(last))
+    for turn in turns:  # every turn, even one that never ran, starts and ends once in the event log
+        ends = [e.name for e in events if e.name.startswith("turn.") and e.data["turn_id"] == turn["id"]]
+        assert ends == ["turn.started", "turn." + turn["status"]], (turn, ends)
+
+
+async def test_an_idempotency_key_reused_with_another_body_is_422(conversation_of, tmp_path: Path) -> None:
+    c = await conversation_of()
+    gate = tmp_path / "gate"
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(c.send, f"wait {gate}", key="k"))
+            turn_id = await c.started()
+            in_flight = await c.send("something else", key="k")
+            open_gate(gate)
+        stored = await c.send("something else", key="k")
+        policy = await c.send(f"wait {gate}", key="k", if_busy="enqueue")
+        same = await c.send(f"wait {gate}", key="k", stream=False)  # how it is answered is no difference
+    for reply in (in_flight, stored, policy):
+        assert reply.status_code == 422, reply.text
+        assert reply.json()["error"]["code"] == "idempotency_key_reused"
+    assert stored.json()["error"]["details"] == {"turn_id": turn_id}
+    assert same.status_code == 200 and same.json()["turn_id"] == turn_id
+    assert [t["id"] for t in await c.turns()] == [turn_id]

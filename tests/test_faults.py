@@ -92,7 +92,7 @@ kind: Hook
 name: hang
 event: pre_tool_use
 matcher: echo
-command: [python3, hang.py]
+command: [python3, hang.py, hook.pid]
 timeout_s: 2
 ---
 kind: Hook
@@ -128,8 +128,12 @@ def fake() -> FakeOpenAI:
 
 
 @pytest.fixture(scope="module")
-def base_url(fake: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    root = tmp_path_factory.mktemp("faults")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("faults")
+
+
+@pytest.fixture(scope="module")
+def base_url(fake: FakeOpenAI, root: Path) -> Iterator[str]:
     with serve(fake.app) as fake_url, corral_server(definitions(root / "defs", fake_url),
                                                      root / "state") as url:
         yield url
@@ -231,10 +235,8 @@ async def test_a_broken_tool_is_a_tool_error(client: httpx.AsyncClient, content:
     await still_serving(client, "tooled", answer["cid"])
 
 
-async def test_hanging_and_crashing_hooks_follow_on_error(client: httpx.AsyncClient, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    pidfile = tmp_path / "hook.pid"
-    monkeypatch.setenv("HANG_PIDFILE", str(pidfile))
+async def test_hanging_and_crashing_hooks_follow_on_error(client: httpx.AsyncClient, root: Path) -> None:
+    pidfile = root / "defs" / "hook.pid"  # the hook runs in the definition directory
     started = time.monotonic()
     answer = await turn(client, "hooked", "echo hello")  # prompt hook crashes (allow), tool hook hangs (deny)
     assert time.monotonic() - started < 10

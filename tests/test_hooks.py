@@ -140,7 +140,7 @@ async def test_command_hook_gets_the_payload_the_project_dir_and_cwd(tmp_path: P
     root = str((tmp_path / "defs").resolve())
     assert json.loads(seen.read_text()) == {
         "stdin": {**BASE, "hook_event_name": "PostToolUse", **payload},
-        "cwd": root, "CORRAL_PROJECT_DIR": root, "CLAUDE_PROJECT_DIR": root,
+        "cwd": root, "CORRAL_PROJECT_DIR": None, "CLAUDE_PROJECT_DIR": root,  # no CORRAL_* reaches a hook
     }
 
 
@@ -152,11 +152,10 @@ async def test_command_hook_gets_the_payload_the_project_dir_and_cwd(tmp_path: P
 async def test_a_hanging_hook_is_killed_and_follows_on_error(
         tmp_path: Path, on_error: str | None, expected: Verdict) -> None:
     pidfile = tmp_path / "hang.pid"
-    hook = {"event": "pre_tool_use", "command": script("hang"), "timeout_s": 0.5}
+    hook = {"event": "pre_tool_use", "command": script("hang", str(pidfile)), "timeout_s": 0.5}
     if on_error:
         hook["on_error"] = on_error
-    verdict = await run_hooks(tmp_path / "defs", [hook], "pre_tool_use", BASH,
-                              environ={"HANG_PIDFILE": str(pidfile)})
+    verdict = await run_hooks(tmp_path / "defs", [hook], "pre_tool_use", BASH)
     assert verdict == expected
     pid = int(pidfile.read_text())
     await wait_until(lambda: not alive(pid))
@@ -165,9 +164,10 @@ async def test_a_hanging_hook_is_killed_and_follows_on_error(
 @pytest.mark.anyio
 async def test_a_cancelled_run_kills_its_hooks(tmp_path: Path) -> None:
     pidfile = tmp_path / "hang.pid"
-    definitions, root = compile_hooks(tmp_path / "defs", {"event": "pre_tool_use", "command": script("hang")})
+    definitions, root = compile_hooks(tmp_path / "defs",
+                                      {"event": "pre_tool_use", "command": script("hang", str(pidfile))})
     async with httpx.AsyncClient(trust_env=False) as http:
-        hooks = Hooks(definitions, root=root, http=http, environ={"HANG_PIDFILE": str(pidfile)}, base=BASE)
+        hooks = Hooks(definitions, root=root, http=http, environ={}, base=BASE)
         with anyio.fail_after(15):
             async with anyio.create_task_group() as group:
                 group.start_soon(hooks.run, "pre_tool_use", BASH)
@@ -229,10 +229,10 @@ async def test_json_answers(tmp_path: Path, event: str, answer: dict, expected: 
 
 @pytest.mark.anyio
 async def test_stop_hook_makes_the_agent_continue_once(tmp_path: Path) -> None:
-    definitions, root = compile_hooks(tmp_path / "defs", {"event": "Stop", "command": script("stop_block")})
-    environ = {"STOP_MARKER_DIR": str(tmp_path)}
+    definitions, root = compile_hooks(tmp_path / "defs",
+                                      {"event": "Stop", "command": script("stop_block", str(tmp_path))})
     async with httpx.AsyncClient(trust_env=False) as http:
-        hooks = Hooks(definitions, root=root, http=http, environ=environ, base=BASE)
+        hooks = Hooks(definitions, root=root, http=http, environ={}, base=BASE)
         with anyio.fail_after(15):
             first = await hooks.run("stop", {"stop_hook_active": False})
             second = await hooks.run("Stop", {"stop_hook_active": False})
@@ -243,10 +243,9 @@ async def test_stop_hook_makes_the_agent_continue_once(tmp_path: Path) -> None:
 
 @pytest.mark.anyio
 async def test_continue_false_overrides_a_stop_block(tmp_path: Path) -> None:
-    hooks = [{"event": "stop", "command": script("stop_block")},
+    hooks = [{"event": "stop", "command": script("stop_block", str(tmp_path))},
              {"event": "stop", "command": script("say", '{"continue": false, "stopReason": "enough"}')}]
-    environ = {"STOP_MARKER_DIR": str(tmp_path)}
-    verdict = await run_hooks(tmp_path / "defs", hooks, "stop", {}, environ=environ)
+    verdict = await run_hooks(tmp_path / "defs", hooks, "stop", {})
     assert verdict == Verdict("deny", "Run the tests before you finish.\nenough")
     assert verdict.stop_continue is None
 

@@ -242,7 +242,23 @@ SECRETS = {
     "SCAN_URL_KEY": "key-scan-url-9e7d5c3b1aee",
     "SCAN_CMD_ENV": "env-scan-cmd-3d9b7e52a4cc",
     "SCAN_MCP_ENV": "env-scan-mcp-6a0c1f83b9dd",
+    # Referenced by no definition: the server's own key and a provider key it merely has.
+    "OPENAI_API_KEY": "sk-canary-openai-27f4c9e18b3d",
+    "CORRAL_API_KEYS": "canary-corral-key-one-7d21,canary-corral-key-two-4e98",
 }
+CLIENT_KEY = "canary-corral-key-one-7d21"
+# Prints the environment of every process above it, the server's included: whatever a tool prints,
+# no secret may come back. (No braces: argv elements are templates.)
+ANCESTORS = """import os
+pid = os.getppid()
+while pid > 1:
+    try:
+        print(open("/proc/%d/environ" % pid, "rb").read().replace(b"\\0", b"\\n").decode("latin-1"))
+        stat = open("/proc/%d/stat" % pid).read()
+    except OSError:
+        break
+    pid = int(stat.rsplit(")", 1)[1].split()[1])
+"""
 MODEL_KEY, HTTP_TOKEN, URL_KEY = (SECRETS[k] for k in ("SCAN_MODEL_KEY", "SCAN_HTTP_TOKEN", "SCAN_URL_KEY"))
 DUMP = "import os, sys; print('token=' + os.environ['TOKEN']); print('bad ' + os.environ['TOKEN'], " \
        "file=sys.stderr); sys.exit(int(sys.argv[1]))"
@@ -252,6 +268,7 @@ TURNS = [  # what each turn of the scan asks the fake model to do
     (Reply(calls=(Call("env_dump", {"code": "0"}, id="c3"), Call("env_dump", {"code": "3"}, id="c4"))),
      Reply(text="t3")),
     (Reply(calls=(Call("fixture__echo", {"text": "hi"}, id="c5"),)), Reply(text="t4")),
+    (Reply(calls=(Call("env_all", {}, id="c6"), Call("ancestors", {}, id="c7"))), Reply(text="t5")),
     (Status(401, error_type="invalid_request_error", message=f"Incorrect API key provided: {MODEL_KEY}"),),
     (Status(500, message=f"upstream broke near {MODEL_KEY}"),),
 ]
@@ -297,6 +314,16 @@ description: Print a secret from the environment, and exit with a code.
 input_schema: {{type: object, properties: {{code: {{type: string}}}}, required: [code]}}
 command: {{argv: {json.dumps(["python3", "-c", DUMP, "{code}"])}, env: {{TOKEN: "${{SCAN_CMD_ENV}}"}}}}
 ---
+kind: Tool
+name: env_all
+description: Print the whole environment the tool gets.
+command: {{argv: [env]}}
+---
+kind: Tool
+name: ancestors
+description: Print the environment of every process above this one.
+command: {{argv: {json.dumps(["python3", "-c", ANCESTORS])}}}
+---
 kind: MCPServer
 name: fixture
 command: {sys.executable}
@@ -307,7 +334,7 @@ timeout_s: 20
 kind: Agent
 name: leaky
 model: gpt
-tools: [probe, env_dump, fixture]
+tools: [probe, env_dump, env_all, ancestors, fixture]
 """})
 
 
@@ -367,10 +394,23 @@ async def test_no_secret_value_leaves_the_server(tmp_path: Path) -> None:
         assert not leaks, f"{name} leaked: {leaks}"
 
 
+async def only_a_minimal_environment(client: httpx.AsyncClient, cid: str) -> None:
+    """The `env` tool saw PATH and HOME, and nothing of the server's: no CORRAL_*, no provider key."""
+    messages = (await client.get(f"/v1/conversations/{cid}/messages", params={"limit": 1000})).json()["items"]
+    [env_out, ancestors_out] = [m["content"] for m in messages if m["role"] == "tool"][-2:]
+    names = {line.split("=", 1)[0] for line in env_out.splitlines() if "=" in line}
+    assert "PATH" in names and not {n for n in names if n.startswith("CORRAL_")}, env_out
+    assert not names & {"OPENAI_API_KEY", *SECRETS}, env_out
+    # the server's environment was there to read, and came back with its keys cut out
+    assert "CORRAL_API_KEYS=[redacted]" in ancestors_out, ancestors_out[:2000]
+    assert "OPENAI_API_KEY=[redacted]" in ancestors_out
+
+
 async def exercise(url: str, fake: FakeOpenAI) -> list[str]:
     """Turns that succeed and fail, streamed and not, plus the OpenAI-compatible route; every body."""
     texts: list[str] = []
-    async with httpx.AsyncClient(base_url=url, timeout=30, trust_env=False) as client, \
+    async with httpx.AsyncClient(base_url=url, timeout=30, trust_env=False,
+                                 headers={"Authorization": f"Bearer {CLIENT_KEY}"}) as client, \
             anyio.create_task_group() as tg:
         subscribed = anyio.Event()
 
@@ -389,7 +429,8 @@ async def exercise(url: str, fake: FakeOpenAI) -> list[str]:
                 answer = await client.post(f"/v1/conversations/{cid}/messages", json={"content": "go"})
                 texts.append(answer.text)
                 outcomes.append(answer.json()["status"])
-            assert outcomes == ["completed"] * 4 + ["failed"] * 2, texts
+            assert outcomes == ["completed"] * 5 + ["failed"] * 2, texts
+            await only_a_minimal_environment(client, cid)
             fake.script(Reply(text="streamed"))
             async with client.stream("POST", f"/v1/conversations/{cid}/messages",
                                      json={"content": "go", "stream": True}) as streamed:

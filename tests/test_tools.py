@@ -114,6 +114,17 @@ async def test_argument_values_stay_single_literal_argv_entries(tmp_path: Path) 
 
 
 @pytest.mark.anyio
+async def test_a_nul_in_a_value_is_a_tool_error_not_dropped(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    argv = [PY, "-c", "import pathlib, sys; pathlib.Path(sys.argv[1]).write_text(sys.argv[2])",
+            str(marker), "before-{text}-after"]
+    output = await run_command(tmp_path / "defs", {"argv": argv}, {"text": "a\0b"})
+    assert output == ToolOutput("argv[4] holds a NUL byte, which a command argument cannot carry",
+                                is_error=True)
+    assert not marker.exists()  # the command did not run with a shortened argument
+
+
+@pytest.mark.anyio
 async def test_files_resolve_under_root_and_cwd_is_relative_to_it(tmp_path: Path) -> None:
     where_py = "import json, os, sys\nprint(json.dumps([sys.argv[0], os.getcwd()]))\n"
     (tmp_path / "work").mkdir()
@@ -183,16 +194,17 @@ async def test_nonzero_exit_is_an_error_with_the_tail_of_stderr(tmp_path: Path) 
 
 
 @pytest.mark.anyio
-async def test_env_secrets_reach_the_process_and_are_redacted_from_output(
+async def test_env_secrets_reach_the_process_and_are_redacted_from_output_and_the_server_env_does_not(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CORRAL_TEST_SERVER_VAR", "from-the-server")
+    monkeypatch.setenv("SOME_SERVER_VAR", "also-from-the-server")
     script = ("import json, os\ne = os.environ\nprint(json.dumps([e['TOKEN'], e['TOKEN'][::-1], e['REGION'],"
-              " e['PLAIN'], e['CORRAL_TEST_SERVER_VAR']]))\n")
+              " e['PLAIN'], e.get('CORRAL_TEST_SERVER_VAR'), e.get('SOME_SERVER_VAR'), 'PATH' in e]))\n")
     env = {"TOKEN": "${CORRAL_TEST_TOKEN}", "REGION": "${CORRAL_TEST_REGION:-eu-west-1}", "PLAIN": "plain"}
     output = await run_command(tmp_path, {"argv": [PY, "env.py"], "env": env}, {}, {"env.py": script},
                                environ={"CORRAL_TEST_TOKEN": TOKEN})
-    assert json.loads(output.content) == ["[redacted]", TOKEN[::-1], "eu-west-1", "plain", "from-the-server"]
+    assert json.loads(output.content) == ["[redacted]", TOKEN[::-1], "eu-west-1", "plain", None, None, True]
 
 
 @pytest.mark.anyio
@@ -307,6 +319,17 @@ async def test_header_values_with_line_breaks_are_refused(tmp_path: Path, loopba
     output = await call_http(tmp_path, http, {"user": "ann\r\nX-Evil: 1"})
     assert output == ToolOutput("header X-User: value contains a line break", is_error=True)
     assert "/echo/crlf" not in loopback.seen
+
+
+@pytest.mark.anyio
+async def test_a_nul_in_a_value_is_kept_in_a_url_and_refused_in_a_header(tmp_path: Path,
+                                                                        loopback: Loopback) -> None:
+    encoded = await call_http(tmp_path / "a", {"url": loopback.url + "/echo/{q}"}, {"q": "a\0b"})
+    assert json.loads(encoded.content)["raw_path"] == "/echo/a%00b"  # nothing dropped
+    http = {"url": loopback.url + "/echo/nul", "headers": {"X-User": "{user}"}}
+    output = await call_http(tmp_path / "b", http, {"user": "ann\0x"})
+    assert output == ToolOutput("header X-User: value contains a NUL byte", is_error=True)
+    assert "/echo/nul" not in loopback.seen
 
 
 @pytest.mark.anyio

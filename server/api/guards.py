@@ -1,4 +1,4 @@
-"""ASGI middleware that guards every route: API keys and body size.
+"""ASGI middleware that guards every route: API keys, body size and body time.
 
 Written as plain ASGI (not BaseHTTPMiddleware) so streaming responses pass
 through untouched and the cost per request stays a few attribute reads.
@@ -11,6 +11,7 @@ import json
 import re
 import uuid
 
+import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..logs import request_id
@@ -19,7 +20,7 @@ OPEN_PATHS = frozenset({"/healthz"})
 _REQUEST_ID = re.compile(rb"^[A-Za-z0-9._-]{1,64}$")
 
 
-async def _reject(send: Send, status: int, code: str, message: str, headers=()) -> None:
+async def reject(send: Send, status: int, code: str, message: str, headers=()) -> None:
     body = json.dumps({"error": {"code": code, "message": message, "request_id": request_id.get()}}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
@@ -49,36 +50,30 @@ class ApiKeys:
         if scope["type"] != "http" or not self.keys or scope["path"] in OPEN_PATHS:
             return await self.app(scope, receive, send)
         if not self._allowed(scope):
-            return await _reject(send, 401, "unauthorized", "missing or invalid API key",
+            return await reject(send, 401, "unauthorized", "missing or invalid API key",
                                  [(b"www-authenticate", b'Bearer realm="corral"')])
         return await self.app(scope, receive, send)
 
 
 class BodyLimit:
-    """Bodies over `limit` bytes get 413 `payload_too_large`, declared or streamed."""
+    """Bodies over `limit` bytes get 413 `payload_too_large`, declared or streamed; a body that has
+    not fully arrived `timeout_s` after the request began gets 408 `request_timeout` (or, once a
+    response has started, its connection closed), so a slow sender cannot hold a connection forever."""
 
-    def __init__(self, app: ASGIApp, limit: int):
+    def __init__(self, app: ASGIApp, limit: int, timeout_s: float = 30.0):
         self.app = app
         self.limit = limit
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         for name, value in scope["headers"]:
             if name == b"content-length" and value.isdigit() and int(value) > self.limit:
-                return await _reject(send, 413, "payload_too_large",
-                                     f"request body is larger than {self.limit} bytes")
-        seen = 0
+                return await reject(send, 413, "payload_too_large",
+                                    f"request body is larger than {self.limit} bytes")
+        body = _BodyReader(receive, self.limit, anyio.current_time() + self.timeout_s)
         started = False
-
-        async def limited_receive() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge()
-            return message
 
         async def tracking_send(message: Message) -> None:
             nonlocal started
@@ -86,11 +81,45 @@ class BodyLimit:
             await send(message)
 
         try:
-            await self.app(scope, limited_receive, tracking_send)
+            await self.app(scope, body.receive, tracking_send)
         except _TooLarge:
             if not started:
-                await _reject(send, 413, "payload_too_large",
-                              f"request body is larger than {self.limit} bytes")
+                await reject(send, 413, "payload_too_large",
+                             f"request body is larger than {self.limit} bytes")
+        except _TooSlow:
+            if not started:
+                await reject(send, 408, "request_timeout",
+                             f"the request body did not arrive within {self.timeout_s:g}s",
+                             [(b"connection", b"close")])
+
+
+class _BodyReader:
+    """`receive` for the app: counts body bytes and holds each wait for them to the deadline."""
+
+    def __init__(self, receive: Receive, limit: int, deadline: float):
+        self._receive = receive
+        self.limit = limit
+        self.deadline = deadline
+        self.seen = 0
+        self.complete = False
+
+    async def receive(self) -> Message:
+        if self.complete:  # past the body, receive only waits for the client to leave: no deadline
+            return await self._receive()
+        with anyio.move_on_after(self.deadline - anyio.current_time()) as waited:
+            message = await self._receive()
+        if waited.cancelled_caught:
+            raise _TooSlow()
+        if message["type"] == "http.request":
+            self.seen += len(message.get("body", b""))
+            if self.seen > self.limit:
+                raise _TooLarge()
+            self.complete = not message.get("more_body", False)
+        return message
+
+
+class _TooSlow(Exception):
+    pass
 
 
 class _TooLarge(Exception):

@@ -17,6 +17,7 @@ the caller asks for `limit + 1` rows to know whether there is a next page.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -50,6 +51,7 @@ class TurnRecord:
     usage: dict[str, int] = field(default_factory=dict)
     error: dict[str, Any] | None = None  # {"code", "message"}
     idempotency_key: str | None = None
+    request_digest: str | None = None  # of the request that held the idempotency key
     started_at: float = 0.0
     ended_at: float | None = None
 
@@ -102,8 +104,13 @@ class PermissionRecord:
 
 
 class Store(Protocol):
+    """Every write either commits or raises `StorageError` (and tells `on_failure` first)."""
+
+    on_failure: Callable[[BaseException], None]  # a write failed: the store may be unwritable
+
     async def open(self) -> None: ...
     async def close(self) -> None: ...
+    async def probe(self) -> None: ...  # a small write; raises StorageError when it cannot commit
 
     # conversations
     async def create_conversation(self, conversation: ConversationRecord) -> None: ...

@@ -104,6 +104,12 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX permissions_by_conversation ON permissions (conversation_id, requested_at)",
     ),
+    # 4: what an idempotent request asked for, so a key reused with another body is refused;
+    # one row the health probe writes
+    (
+        "ALTER TABLE turns ADD COLUMN request_digest TEXT",
+        "CREATE TABLE probes (id INTEGER PRIMARY KEY CHECK (id = 1), at REAL NOT NULL)",
+    ),
 )
 
 

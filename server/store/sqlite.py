@@ -17,18 +17,25 @@ a conversation, without gaps or duplicates.
 Durability: WAL with synchronous=NORMAL keeps every committed transaction
 across a crash of the process; a power cut may lose the last few before a
 checkpoint.
+
+A write that SQLite cannot commit (disk full, I/O error, read-only, locked)
+raises `StorageError` after telling `on_failure`; a constraint violation is a
+bug of the caller, not of the store, and stays an `IntegrityError`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from ..canonical import thaw
+from ..errors import StorageError
 from ..messages import Message, message_from_json
 from .base import (
     ConversationRecord,
@@ -87,6 +94,7 @@ class SQLiteStore(DeploymentTables, AuditTables):
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._connection: sqlite3.Connection | None = None
+        self.on_failure: Callable[[BaseException], None] = lambda exc: None
 
     async def open(self) -> None:
         if self._connection is not None:
@@ -107,8 +115,14 @@ class SQLiteStore(DeploymentTables, AuditTables):
         if self._connection is None:
             return
         db, self._connection = self._connection, None
-        db.execute("PRAGMA optimize")  # cheap; keeps the planner's statistics fresh for the next start
+        with contextlib.suppress(sqlite3.Error):  # a store that cannot be written still closes
+            db.execute("PRAGMA optimize")  # cheap; keeps the planner's statistics fresh for the next start
         db.close()
+
+    async def probe(self) -> None:
+        with self._write() as db:
+            db.execute("INSERT INTO probes (id, at) VALUES (1, ?)"
+                       " ON CONFLICT (id) DO UPDATE SET at = excluded.at", (time.time(),))
 
     @property
     def _db(self) -> sqlite3.Connection:
@@ -119,14 +133,22 @@ class SQLiteStore(DeploymentTables, AuditTables):
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         db = self._db
-        db.execute("BEGIN IMMEDIATE")
         try:
-            yield db
-            db.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):  # a failed rollback leaves the first error
+                        db.execute("ROLLBACK")
+                raise
+        except sqlite3.IntegrityError:
             raise
+        except sqlite3.Error as exc:
+            self.on_failure(exc)
+            # sqlite's own words ("database or disk is full"), which hold no path or value
+            raise StorageError(f"the store could not commit: {exc}") from None
 
     def _position(self, table: str, time_column: str, row_id: str, op: str) -> tuple[str, list[Any]]:
         """The keyset condition for rows after `row_id` in (time, id) order."""
@@ -198,11 +220,11 @@ class SQLiteStore(DeploymentTables, AuditTables):
                 raise DuplicateIdempotencyKey(t.idempotency_key)
             db.execute(
                 "INSERT INTO turns (id, conversation_id, agent, digest, status, input, output, stop_reason,"
-                " usage, error, idempotency_key, started_at, ended_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " usage, error, idempotency_key, request_digest, started_at, ended_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (t.id, t.conversation_id, t.agent, t.digest, t.status, t.input, t.output, t.stop_reason,
                  _dumps(t.usage), None if t.error is None else _dumps(t.error), t.idempotency_key,
-                 t.started_at, t.ended_at),
+                 t.request_digest, t.started_at, t.ended_at),
             )
 
     async def update_turn(self, turn_id: str, **changes: Any) -> None:

@@ -8,18 +8,20 @@ only, at call time, from `ctx.environ`: argv is readable by every local user
 (`ps`), so secrets reach a command through its environment; a `${VAR}` in
 argv is passed as written.
 
-The command runs in a session of its own; when it ends, times out, or its
-caller is cancelled, the whole process group is killed, so nothing it started
-outlives the call. Resolved secret values are redacted from what it prints.
+The command gets the minimal environment of `confinement` plus its own
+`env`, never the server's. It runs in a session of its own; when it ends,
+times out, or its caller is cancelled, the whole process group is killed, so
+nothing it started outlives the call. Resolved secret values are redacted
+from what it prints (and the guard redacts every other known secret).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..confinement import child_environment
 from ..definitions import ToolDefinition
 from ..messages import ToolSpec
 from ..processes import Finished, StartFailed, run_process
@@ -87,16 +89,18 @@ class CommandTool:
 
     def _argv(self, arguments: Mapping[str, Any], ctx: ToolContext) -> list[str]:
         files = self.definition.files
-        return [
+        argv = [
             str(ctx.files.resolve(ctx.root, item, files[item])) if item in files else render(item, arguments)
             for item in self.command["argv"]
         ]
+        for index, item in enumerate(argv):
+            if "\0" in item:  # the OS cannot pass one: say so rather than cut the argument short
+                raise CommandFailed(f"argv[{index}] holds a NUL byte, which a command argument cannot carry")
+        return argv
 
     def _env(self, environ: Mapping[str, str], secrets: set[str]) -> dict[str, str]:
-        env = dict(os.environ)
-        for name, value in self.command.get("env", {}).items():
-            env[name] = resolve_tracked(value, environ, secrets)
-        return env
+        return child_environment({name: resolve_tracked(value, environ, secrets)
+                                  for name, value in self.command.get("env", {}).items()})
 
     def _cwd(self, root: Path) -> Path:
         cwd = root / self.command["cwd"] if self.command.get("cwd") else root

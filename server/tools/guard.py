@@ -5,7 +5,9 @@ rewrite the input; the tool's own `permission` can only be tightened by them
 (deny beats ask beats allow); `ask` waits for a person through the
 `PermissionBroker`; then the tool runs; then `post_tool_use` hooks may add
 context or tell the model the result was rejected. A refusal is a tool
-result the model can read, not a failed turn.
+result the model can read, not a failed turn. Every known secret value is
+redacted from the tool's result, whatever kind of tool produced it, before
+hooks, the transcript, the stream or a model see it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..confinement import NO_REDACTION, Redactor
 from .base import ToolContext, ToolOutput, ToolPort
 
 if TYPE_CHECKING:
@@ -24,8 +27,9 @@ RANK = {"allow": 0, "ask": 1, "deny": 2}
 
 class Guarded:
     def __init__(self, tool: ToolPort, permission: str, hooks: Hooks | None,
-                 broker: PermissionBroker | None):
+                 broker: PermissionBroker | None, redactor: Redactor = NO_REDACTION):
         self.tool = tool
+        self.redactor = redactor
         self.spec = tool.spec
         self.permission = permission
         self.hooks = hooks
@@ -53,6 +57,8 @@ class Guarded:
             if not allowed:
                 return ToolOutput(f"permission denied for {name}: {why}", is_error=True)
         output = await self.tool.call(args, ctx)
+        # before post_tool_use hooks see it: nothing downstream ever holds the raw value
+        output = ToolOutput(self.redactor.text(output.content), is_error=output.is_error)
         return await self._after(name, args, output, ctx)
 
     async def _after(self, name: str, args: dict[str, Any], output: ToolOutput,

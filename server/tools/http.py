@@ -3,7 +3,7 @@
 The `url`, header values and `body` strings are templates. In the URL each
 `{param}` value is percent-encoded in its place (a `/`, `?` or `&` in a value
 stays inside its segment); header values are filled as text and may not
-contain a line break. A `body` that is a mapping or list is sent as JSON, its
+contain a line break or a NUL byte. A `body` that is a mapping or list is sent as JSON, its
 strings filled (a string that is exactly one `{param}` takes the value with
 its JSON type); a `body` string is filled and sent as text. `${VAR}` secret
 references are resolved at call time from `ctx.environ`, and their values are
@@ -129,6 +129,8 @@ class HttpTool:
             value = filler.text(template)
             if "\r" in value or "\n" in value:
                 raise RequestFailed(f"header {name}: value contains a line break")
+            if "\0" in value:
+                raise RequestFailed(f"header {name}: value contains a NUL byte")
             headers[name] = value
         body = self.http.get("body")
         if body is None:
