@@ -18,10 +18,12 @@ serve: $(STAMP)
 
 test: $(STAMP) $(if $(shell command -v npm),$(CONFORMANCE))
 	$(BIN)/ruff check server tests bench
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)
 	$(BIN)/ruff check server tests bench
+	$(BIN)/lint-imports --no-cache
 
 validate: $(STAMP)
 	$(BIN)/corral validate definitions

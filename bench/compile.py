@@ -39,7 +39,7 @@ from pathlib import Path
 
 import yaml
 
-from server.compiler import Compiler
+from server.compiler.compiler import Compiler
 
 AGENTS, TOOLS, MODELS = 1000, 1000, 100
 TEAMS = 20  # folders under agents/ and tools/

@@ -1,4 +1,4 @@
-"""Process benchmark: what the supervisor (server/reaper.py) adds to every command tool and hook call.
+"""Process benchmark: what the supervisor (server/tools/reaper.py) adds to every command tool and hook call.
 
 In one process: the median wall time of `run_process(["true"])`, started
 directly (the fallback where the supervisor is not available) and through
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import anyio
 
-from server import processes
+from server.tools import processes
 
 CALLS = 200
 ADDED_TARGET_MS = 40.0

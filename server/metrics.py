@@ -7,12 +7,6 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from collections.abc import AsyncIterator
-from contextlib import aclosing
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .providers.base import ModelChunk, ModelPort, ModelRequest
 
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -73,25 +67,6 @@ class Histogram:
             lines.append(f"{self.name}_sum{_labels(self.labels, key)} {self.sums[key]:g}")
             lines.append(f"{self.name}_count{_labels(self.labels, key)} {running}")
         return lines
-
-
-class CountedModel:
-    """`port`, with every request it makes counted by provider and outcome (`ok` / `error`)."""
-
-    def __init__(self, port: ModelPort, counter: Counter):
-        self.port = port
-        self.definition = port.definition
-        self.counter = counter
-
-    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
-        outcome = "error"
-        try:
-            async with aclosing(self.port.stream(request)) as chunks:
-                async for chunk in chunks:
-                    yield chunk
-            outcome = "ok"
-        finally:
-            self.counter.inc(self.definition.provider, outcome)
 
 
 class Metrics:

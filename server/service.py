@@ -26,23 +26,23 @@ from pathlib import Path
 import anyio
 import httpx
 
-from .compiler import Compiler
-from .confinement import Secrets
-from .conversations import Conversations
+from .compiler.compiler import Compiler
+from .compiler.lockfile import LockError, read_lock
+from .deployment.registry import Registry
+from .deployment.swaps import Swapper, check_locked
+from .deployment.vault import FileVault
+from .deployment.watcher import watch
 from .errors import CorralError
-from .events import EventHub
-from .lockfile import LockError, read_lock
 from .metrics import Metrics
-from .permissions import PermissionBroker
-from .registry import Registry
-from .runtime import Runtime
+from .runtime.conversations import Conversations
+from .runtime.events import EventHub
+from .runtime.permissions import PermissionBroker
+from .runtime.plans import Runtime
 from .settings import Settings
 from .store.base import Store
 from .store.health import StoreHealth
-from .swaps import Swapper, check_locked
-from .tools.mcp import MCPConnections
-from .vault import FileVault
-from .watcher import watch
+from .tools.confinement import Secrets
+from .tools.mcp.connections import MCPConnections
 
 log = logging.getLogger("corral")
 
@@ -115,7 +115,8 @@ async def open_service(settings: Settings) -> AsyncIterator[Service]:
             conversations = Conversations(store, registry, runtime, hub, metrics,
                                           idempotency_ttl_s=settings.idempotency_ttl_s,
                                           max_turns=settings.max_concurrent_turns)
-            swapper = Swapper(compiler, registry, conversations, store, hub, metrics, locked=settings.locked)
+            swapper = Swapper(compiler, registry, conversations.running_records, store, hub.publish_global,
+                              metrics, locked=settings.locked)
             swapper.listeners.append(_mcp_follows_swaps(mcp, registry))
             swapper.listeners.append(_secrets_follow_swaps(secrets, registry))
             service = Service(settings, compiler, registry, store, runtime, hub, metrics, conversations,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from server.api import create_app
+from server.http import create_app
 from server.settings import Settings
 from tests.fakes.uvicorn_thread import serve
 

@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import httpx
 
-from server.compiler import Compiler
+from server.compiler.compiler import Compiler
 from tests.live import gate_yaml
 
 

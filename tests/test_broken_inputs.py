@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from server.compiler import Compiler
+from server.compiler.compiler import Compiler
 from server.errors import DefinitionError, DefinitionsInvalid
 
 REPO = Path(__file__).resolve().parent.parent

@@ -18,7 +18,7 @@ import anyio
 import httpx
 import pytest
 
-from server.api import create_app
+from server.http import create_app
 from server.settings import Settings
 from tests.conftest import corral_server
 from tests.fakes.uvicorn_thread import serve

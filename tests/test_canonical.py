@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from server.canonical import canonical_json, digest_of, freeze, is_digest, thaw
-from server.compiler import Compiler
-from server.yamltext import parse_yaml
+from server.compiler.compiler import Compiler
+from server.compiler.yamltext import parse_yaml
 
 SETTINGS = settings(max_examples=60, deadline=None)
 

@@ -14,8 +14,8 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from server import cli
-from server.compiler import Compiler
-from server.yamltext import parse_yaml
+from server.compiler.compiler import Compiler
+from server.compiler.yamltext import parse_yaml
 
 REPO = Path(__file__).resolve().parent.parent
 DEFINITIONS = REPO / "definitions"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from server.compiler import Compiler
+from server.compiler.compiler import Compiler
 from server.errors import DefinitionsInvalid
 from tests.conftest import write_tree
 

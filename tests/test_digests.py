@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from server import sources
-from server.compiler import Compiler
+from server.compiler import sources
+from server.compiler.compiler import Compiler
 
 FILES = {
     "prompts/main.md": "You are the main agent.\nBe brief.\n",

@@ -25,8 +25,8 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from server.canonical import canonical_json, freeze, thaw
-from server.metaschema import check_schema, plainly_valid
-from server.yamltext import YAMLProblem, parse_yaml
+from server.compiler.metaschema import check_schema, plainly_valid
+from server.compiler.yamltext import YAMLProblem, parse_yaml
 
 SETTINGS = settings(max_examples=300, deadline=None)
 

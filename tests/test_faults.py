@@ -24,7 +24,7 @@ import anyio
 import httpx
 import pytest
 
-from server.api import create_app
+from server.http import create_app
 from server.settings import Settings
 from tests.conftest import corral_server, write_tree
 from tests.fakes import Cut, FakeOpenAI, Malformed, Reply, Stall, Status, serve

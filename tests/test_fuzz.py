@@ -24,9 +24,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server.api import openapi
-from server.compiler import Compiler
-from server.documents import (
+from server.compiler.compiler import Compiler
+from server.compiler.documents import (
     DOCUMENT_MODELS,
     KINDS,
     CommandAction,
@@ -37,6 +36,7 @@ from server.documents import (
     ToolFilter,
 )
 from server.errors import DefinitionsInvalid
+from server.http import openapi
 from tests.conftest import corral_server
 
 # --- the compiler ------------------------------------------------------------------------

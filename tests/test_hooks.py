@@ -27,10 +27,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from server.compiler import Compiler
-from server.definitions import HookDefinition
+from server.compiler.compiler import Compiler
+from server.compiler.definitions import HookDefinition
 from server.errors import DefinitionsInvalid
-from server.hooks import Hooks, Verdict
+from server.runtime.hooks import Hooks, Verdict
 from tests.fakes.uvicorn_thread import serve
 from tests.pids import alive, wait_until
 

@@ -18,7 +18,7 @@ import anyio.abc
 import httpx
 import pytest
 
-from server.compiler import Compiler
+from server.compiler.compiler import Compiler
 from tests.conftest import corral_server
 from tests.live import ended, follow_server_events, named, open_gate, read_events
 from tests.swapping import (

@@ -23,11 +23,11 @@ import mcp.types as types
 import pytest
 
 from server.cli import main as corral_main
-from server.compiler import Compiler
-from server.definitions import MCPServerDefinition
+from server.compiler.compiler import Compiler
+from server.compiler.definitions import MCPServerDefinition
 from server.tools.base import ToolOutput
-from server.tools.mcp import MCPConnections
-from server.tools.mcp_catalog import render_result, tool_name
+from server.tools.mcp.catalog import render_result, tool_name
+from server.tools.mcp.connections import MCPConnections
 from tests.conftest import corral_server, write_tree
 from tests.fakes.uvicorn_thread import serve
 from tests.live import follow_server_events, named

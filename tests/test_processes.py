@@ -24,7 +24,7 @@ import anyio
 import httpx
 import pytest
 
-from server.processes import Finished, run_process
+from server.tools.processes import Finished, run_process
 from tests.conftest import write_tree
 from tests.pids import alive, wait_until
 from tests.server_process import ServerProcess

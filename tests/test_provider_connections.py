@@ -21,7 +21,7 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from server.canonical import freeze
-from server.definitions import ModelDefinition
+from server.compiler.definitions import ModelDefinition
 from server.messages import UserMessage
 from server.providers.anthropic import AnthropicProvider
 from server.providers.base import Finish, ModelRequest, TextDelta

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from server.canonical import freeze
-from server.definitions import ModelDefinition
+from server.compiler.definitions import ModelDefinition
 from server.messages import AssistantMessage, ToolCall, ToolResultMessage, ToolSpec, Usage, UserMessage
 from server.providers.anthropic import AnthropicProvider
 from server.providers.base import (

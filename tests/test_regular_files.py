@@ -191,7 +191,7 @@ def test_read_skill_resource_on_a_fifo_is_a_tool_error(defs: Path, tmp_path: Pat
     with corral_server(defs, state) as url, httpx.Client(base_url=url, timeout=15, trust_env=False) as client:
         todo = defs / "skills/notes/todo.txt"
         with planted(Placement("resource", "skills/notes/todo.txt", ""), defs):
-            # The compiled content was kept (server/vault.py): that is what the model reads.
+            # The compiled content was kept (server/deployment/vault.py): that is what the model reads.
             as_compiled = tool_result(client, "read todo.txt")
             assert not as_compiled["is_error"] and as_compiled["content"] == "as compiled\n"
             kept = list((state / "files").glob("*/todo.txt"))
@@ -248,7 +248,7 @@ def test_sigterm_stops_a_watching_server_after_a_fifo_appeared(defs: Path, tmp_p
 STUCK = textwrap.dedent("""
     import threading, time, types
     import anyio
-    from server.swaps import Swapper
+    from server.deployment.swaps import Swapper
 
     class Stuck:
         def compile(self, changed):

@@ -19,7 +19,7 @@ import anyio
 import httpx
 import pytest
 
-from server.compiler import Compiler
+from server.compiler.compiler import Compiler
 from tests.conftest import corral_server
 from tests.swapping import (
     agent_digest,

@@ -144,7 +144,7 @@ async def test_a_symlink_planted_after_compiling_is_refused(client: httpx.AsyncC
 
 async def test_a_file_edited_after_compiling_reads_as_compiled(client: httpx.AsyncClient,
                                                                skill_dir: Path) -> None:
-    # The running definitions' digest covers "as compiled": that is what the model gets (see server/vault.py).
+    # The running definitions' digest covers "as compiled": what the model gets (server/deployment/vault.py).
     (skill_dir / "changing.txt").write_text("edited behind the server's back\n")
     result = await tool_result(client, "read pdf changing.txt")
     assert not result["is_error"]

@@ -16,12 +16,7 @@ from hypothesis import strategies as st
 from server.canonical import freeze
 from server.ids import encode, new_id
 from server.messages import AssistantMessage, ToolCall, ToolResultMessage, UserMessage
-from server.store.base import (
-    ConversationRecord,
-    DuplicateIdempotencyKey,
-    StoredDefinition,
-    TurnRecord,
-)
+from server.store.base import ConversationRecord, DuplicateIdempotencyKey, StoredDefinition, TurnRecord
 from server.store.schema import MIGRATIONS
 from server.store.sqlite import SQLiteStore
 

@@ -25,10 +25,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from server.compiler import Compiler
-from server.definitions import ToolDefinition
+from server.compiler.compiler import Compiler
+from server.compiler.definitions import ToolDefinition
+from server.compiler.templates import placeholders
 from server.errors import DefinitionsInvalid
-from server.templates import placeholders
 from server.tools.base import MAX_OUTPUT_BYTES, ToolContext, ToolOutput
 from server.tools.command import CommandTool
 from server.tools.http import RESPONSE_LIMIT, HttpTool

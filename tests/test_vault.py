@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from server.canonical import digest_bytes
-from server.vault import FileChanged, FileVault
+from server.deployment.vault import FileChanged, FileVault
 from tests.conftest import corral_server, write_tree
 
 DEFINITIONS = {

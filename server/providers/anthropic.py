@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from ..canonical import freeze, thaw
-from ..definitions import ModelDefinition
+from ..compiler.definitions import ModelDefinition
 from ..messages import AssistantMessage, Message, ToolCall, ToolResultMessage, ToolSpec, Usage
 from .base import Finish, ModelChunk, ModelRequest, ProviderError, TextDelta, ToolCallChunk, UsageChunk
 from .wire import api_key, describe, drain, identifier, malformed, parse_arguments, parse_json, post_events

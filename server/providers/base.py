@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..definitions import ModelDefinition
+from ..compiler.definitions import ModelDefinition
 from ..errors import ModelError
 from ..messages import Message, ToolCall, ToolSpec, Usage
 

@@ -20,19 +20,10 @@ from typing import Any
 import httpx
 
 from ..canonical import thaw
-from ..definitions import ModelDefinition
+from ..compiler.definitions import ModelDefinition
 from ..messages import AssistantMessage, Message, ToolCall, ToolResultMessage, ToolSpec, Usage
 from .base import Finish, ModelChunk, ModelRequest, ProviderError, TextDelta, ToolCallChunk, UsageChunk
-from .wire import (
-    api_key,
-    describe,
-    drain,
-    malformed,
-    parse_arguments,
-    parse_json,
-    parse_url,
-    post_events,
-)
+from .wire import api_key, describe, drain, malformed, parse_arguments, parse_json, parse_url, post_events
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 STOP_REASONS = {

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from ..canonical import thaw
-from ..definitions import ModelDefinition
+from ..compiler.definitions import ModelDefinition
 from ..messages import AssistantMessage, ToolCall, ToolResultMessage, Usage, UserMessage
 from .base import Finish, ModelChunk, ModelRequest, TextDelta, ToolCallChunk, UsageChunk
 

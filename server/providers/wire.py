@@ -23,8 +23,8 @@ import anyio
 import httpx
 
 from ..canonical import freeze
-from ..definitions import ModelDefinition
-from ..templates import MissingSecret, resolve_secrets
+from ..compiler.definitions import ModelDefinition
+from ..compiler.templates import MissingSecret, resolve_secrets
 from .base import ProviderError
 
 _IDENTIFIER = re.compile(r"[A-Za-z0-9_.-]{1,64}")

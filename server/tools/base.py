@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..deployment.vault import NO_VAULT, FileVault
 from ..messages import ToolSpec
-from ..vault import NO_VAULT, FileVault
 
 MAX_OUTPUT_BYTES = 256 * 1024
 

@@ -21,13 +21,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..confinement import child_environment
-from ..definitions import ToolDefinition
+from ..compiler.definitions import ToolDefinition
+from ..compiler.templates import SECRET_REF, MissingSecret, MissingValue, render
+from ..deployment.vault import FileChanged
 from ..messages import ToolSpec
-from ..processes import Finished, StartFailed, run_process
-from ..templates import SECRET_REF, MissingSecret, MissingValue, render
-from ..vault import FileChanged
 from .base import MAX_OUTPUT_BYTES, ToolContext, ToolOutput
+from .confinement import child_environment
+from .processes import Finished, StartFailed, run_process
 
 STDERR_TAIL_BYTES = 4096
 REDACTED = "[redacted]"

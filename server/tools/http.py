@@ -24,9 +24,9 @@ from urllib.parse import quote
 import anyio
 import httpx
 
-from ..definitions import ToolDefinition
+from ..compiler.definitions import ToolDefinition
+from ..compiler.templates import SECRET_REF, MissingSecret, MissingValue, placeholders, render
 from ..messages import ToolSpec
-from ..templates import SECRET_REF, MissingSecret, MissingValue, placeholders, render
 from .base import ToolContext, ToolOutput
 from .command import redact, resolve_tracked
 

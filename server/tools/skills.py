@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from ..canonical import freeze
-from ..definitions import SkillDefinition
+from ..compiler.definitions import SkillDefinition
+from ..compiler.sources import read_regular
+from ..deployment.vault import FileChanged
 from ..messages import ToolSpec
-from ..sources import read_regular
-from ..vault import FileChanged
 from .base import ToolContext, ToolOutput, cap_output
 
 ACTIVATE = "activate_skill"

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from ..canonical import freeze
-from ..definitions import AgentDefinition
+from ..compiler.definitions import AgentDefinition
 from ..errors import RunError
 from ..messages import ToolSpec
 from .base import ToolContext, ToolOutput

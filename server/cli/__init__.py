@@ -1,0 +1,176 @@
+"""The `corral` command line.
+
+Every verb prints errors to stderr and exits non-zero; none prints a
+traceback for an author or usage mistake.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from ..compiler import documents
+from ..compiler.compiler import Compiler
+from ..compiler.definitions import DefinitionSet
+from ..compiler.lockfile import LOCK_FILE, Lock, LockError, catalog_drift, drift, read_lock, write_lock
+from ..errors import CorralError, DefinitionsInvalid
+
+DEFAULT_DIR = "definitions"
+
+
+def _default_dir() -> str:
+    return os.environ.get("CORRAL_DEFINITIONS", DEFAULT_DIR)
+
+
+def _compile(directory: str) -> DefinitionSet:
+    return Compiler(directory).compile()
+
+
+def _print_errors(exc: DefinitionsInvalid) -> None:
+    for error in exc.errors:
+        print(error, file=sys.stderr)
+    print(f"{len(exc.errors)} error(s)", file=sys.stderr)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    definitions = _compile(args.dir)
+    print(f"ok: {len(definitions)} definitions, set {definitions.digest}")
+    return 0
+
+
+def cmd_digest(args: argparse.Namespace) -> int:
+    definitions = _compile(args.dir)
+    if args.json:
+        print(json.dumps(definitions.listing(), indent=2))
+        return 0
+    print(f"set {definitions.digest}")
+    for d in definitions:
+        print(f"{d.ref:40} {d.digest}")
+    return 0
+
+
+def cmd_lock(args: argparse.Namespace) -> int:
+    root = Path(args.dir)
+    definitions = _compile(args.dir)
+    try:
+        locked = read_lock(root)
+    except LockError as exc:
+        if args.check:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        locked = None
+    if args.check and locked is None:
+        print(f"error: no {LOCK_FILE} in {root}; run `corral lock {args.dir}` first", file=sys.stderr)
+        return 1
+    catalogs = _mcp_catalogs(definitions, locked, args)
+    if catalogs is None:
+        return 1
+    current = Lock.of(definitions, catalogs)
+    if not args.check:
+        path = write_lock(root, current)
+        print(f"wrote {path} ({len(current.definitions)} definitions, {len(current.mcp_catalogs)} MCP "
+              f"catalogs, set {current.digest})")
+        return 0
+    assert locked is not None
+    changes = drift(locked, current) + catalog_drift(locked, current)
+    if not changes and locked.digest == current.digest:
+        print(f"ok: matches {LOCK_FILE} (set {current.digest})")
+        return 0
+    if locked.digest == current.digest:
+        print(f"{LOCK_FILE} drift: MCP catalogs (set {current.digest} unchanged)")
+    else:
+        print(f"{LOCK_FILE} drift: set {locked.digest} -> {current.digest}")
+    for change in changes:
+        print(f"  {change}")
+    return 1
+
+
+def _mcp_catalogs(definitions: DefinitionSet, locked: Lock | None, args: argparse.Namespace) -> dict | None:
+    """The catalog digests to lock (or check): observed from each MCP server, else the locked ones.
+
+    `--check` observes only when the lock has catalogs; `--skip-mcp` never
+    observes and keeps the locked digests of servers still defined. None when
+    a server could not be reached (the errors are printed).
+    """
+    old = dict(locked.mcp_catalogs) if locked else {}
+    servers = definitions.of_kind("MCPServer")
+    if args.skip_mcp or not servers or (args.check and not old):
+        return old if args.check else {s.name: old[s.name] for s in servers if s.name in old}
+    import anyio
+
+    from ..tools.mcp.connections import CatalogsUnavailable, observe_catalogs
+
+    try:
+        return anyio.run(observe_catalogs, definitions)
+    except CatalogsUnavailable as exc:
+        for name, error in sorted(exc.failures.items()):
+            print(f"error: mcp/{name}: {error}", file=sys.stderr)
+        print("(pass --skip-mcp to lock without asking the MCP servers for their catalogs)", file=sys.stderr)
+        return None
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    print(json.dumps(documents.json_schema(), indent=2))
+    return 0
+
+
+def _add_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dir", nargs="?", default=None, metavar="DIR",
+                   help="definition directory (default: $CORRAL_DEFINITIONS or ./definitions)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="corral", description="A declarative agent server.")
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="COMMAND")
+    commands: dict[str, tuple[str, Callable[[argparse.Namespace], int]]] = {
+        "validate": ("compile DIR and print every error", cmd_validate),
+        "digest": ("print the set digest and every definition's digest", cmd_digest),
+        "lock": ("write DIR/corral.lock, or --check it", cmd_lock),
+        "schema": ("print the JSON Schema of a definition document", cmd_schema),
+    }
+    for name, (help_text, func) in commands.items():
+        p = verbs.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        if name != "schema":
+            _add_dir(p)
+    verbs.choices["digest"].add_argument("--json", action="store_true", help="print JSON")
+    verbs.choices["lock"].add_argument(
+        "--check", action="store_true", help="exit 1 and print a diff when the set drifts from the lock"
+    )
+    verbs.choices["lock"].add_argument(
+        "--skip-mcp", action="store_true",
+        help="do not connect to MCP servers: keep the catalog digests already locked",
+    )
+    _add_runtime_verbs(verbs)
+    return parser
+
+
+def _add_runtime_verbs(verbs: argparse._SubParsersAction) -> None:
+    try:
+        from .running import add_verbs
+    except ImportError:
+        return
+    add_verbs(verbs, _add_dir)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "dir", "") is None:
+        args.dir = _default_dir()
+    try:
+        return int(args.func(args) or 0)
+    except DefinitionsInvalid as exc:
+        _print_errors(exc)
+        return 1
+    except CorralError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+

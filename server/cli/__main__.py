@@ -1,0 +1,7 @@
+"""`python -m server.cli`: the `corral` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

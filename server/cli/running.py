@@ -1,0 +1,214 @@
+"""The verbs that run agents: `corral serve` and `corral chat`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+import httpx
+
+from .. import logs
+from ..errors import CorralError
+from ..settings import Settings, is_loopback
+
+
+def add_verbs(verbs: argparse._SubParsersAction,
+              add_dir: Callable[[argparse.ArgumentParser], None]) -> None:
+    serve = verbs.add_parser(
+        "serve", help="serve a definition directory over HTTP (MCP at /mcp)",
+        description="Serve a definition directory over HTTP, with hot reload.",
+    )
+    add_dir(serve)
+    serve.add_argument("--host", help="bind address (default $CORRAL_HOST or 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default $CORRAL_PORT or 8420)")
+    serve.add_argument("--no-watch", action="store_true", help="do not reload when files change")
+    serve.add_argument("--locked", action="store_true", help="refuse digests that differ from corral.lock")
+    serve.add_argument("--insecure", action="store_true",
+                       help="allow a non-loopback bind without CORRAL_API_KEYS (dangerous)")
+    serve.set_defaults(func=cmd_serve)
+
+    chat = verbs.add_parser(
+        "chat", help="chat with an agent in the terminal",
+        description="Chat with an agent, streaming; local runtime, or a server with --url.",
+    )
+    chat.add_argument("agent", metavar="AGENT", help="agent name, or name@sha256:…")
+    chat.add_argument("--url", help="a running Corral server, e.g. http://127.0.0.1:8420")
+    chat.add_argument("--dir", default=None, help="definition directory for the local runtime")
+    chat.add_argument("--api-key", default=None, help="bearer key for --url (default $CORRAL_API_KEY)")
+    chat.set_defaults(func=cmd_chat)
+
+    mcp = verbs.add_parser(
+        "mcp", help="serve the agents as an MCP server over stdio",
+        description="Serve the agents as an MCP server over stdio (for Claude Desktop, Cursor, ...).",
+    )
+    add_dir(mcp)
+    mcp.add_argument("--no-watch", action="store_true", help="do not reload when files change")
+    mcp.set_defaults(func=cmd_mcp)
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    overrides: dict[str, Any] = {}
+    if getattr(args, "dir", None):
+        overrides["definitions"] = args.dir
+    for name in ("host", "port"):
+        if getattr(args, name, None) is not None:
+            overrides[name] = getattr(args, name)
+    if getattr(args, "no_watch", False):
+        overrides["watch"] = False
+    if getattr(args, "locked", False):
+        overrides["locked"] = True
+    try:
+        return Settings(**overrides)
+    except Exception as exc:  # pydantic's ValidationError: a bad CORRAL_* value
+        raise CorralError(f"invalid settings: {exc}", code="invalid_request") from None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from ..compiler.compiler import Compiler
+
+    settings = settings_from(args)
+    definitions = Compiler(settings.definitions).compile()  # author errors plainly, before uvicorn
+    if settings.locked:
+        from ..deployment.swaps import check_locked
+
+        check_locked(definitions)
+    if not is_loopback(settings.host) and not settings.keys:
+        if not args.insecure:
+            print(f"error: refusing to bind {settings.host} without CORRAL_API_KEYS "
+                  "(set keys, or pass --insecure to accept the risk)", file=sys.stderr)
+            return 2
+        print(f"WARNING: serving {settings.host} WITHOUT authentication (--insecure)", file=sys.stderr)
+    import uvicorn
+
+    from ..http import create_app  # imported after the checks: it is slow (the mcp SDK), a refusal is not
+
+    logs.configure(settings.log_level, settings.log_format)
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app, host=settings.host, port=settings.port, log_config=None,
+        timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5, lifespan="on",
+    )
+    _draining_server(config, app).run()
+    service = getattr(app.state, "service", None)
+    if service is not None and service.exit_code:
+        print(f"error: {service.failed.message if service.failed else 'the server failed'}", file=sys.stderr)
+        return service.exit_code
+    return 0
+
+
+def _draining_server(config, app):
+    """uvicorn's server, telling Corral the moment SIGTERM/SIGINT arrives (not after connections close)."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            service = getattr(app.state, "service", None)
+            if service is not None:
+                service.begin_shutdown()
+            super().handle_exit(sig, frame)
+
+        async def on_tick(self, counter: int) -> bool:
+            service = getattr(app.state, "service", None)
+            if service is not None and service.exit_code is not None:
+                return True  # the service gave up (its store died): stop, and exit with its code
+            return await super().on_tick(counter)
+
+    return DrainingServer(config)
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    return anyio.run(_chat_remote if args.url else _chat_local, args)
+
+
+async def _prompts() -> AsyncIterator[str]:
+    interactive = sys.stdin.isatty()
+    while True:
+        if interactive:
+            print("you> ", end="", flush=True)
+        line = await anyio.to_thread.run_sync(sys.stdin.readline)
+        if not line:
+            return
+        if line.strip():
+            yield line.strip()
+
+
+def _render(name: str, data: dict[str, Any]) -> None:
+    if name == "message.delta":
+        print(data["text"], end="", flush=True)
+    elif name == "tool.started":
+        print(f"[{data['name']} {json.dumps(data['arguments'])}]", file=sys.stderr, flush=True)
+    elif name == "turn.completed":
+        print(flush=True)
+    elif name == "turn.failed":
+        print(f"\n[failed: {data['error']['code']}: {data['error']['message']}]", file=sys.stderr, flush=True)
+    elif name == "turn.cancelled":
+        print("\n[cancelled]", file=sys.stderr, flush=True)
+
+
+async def _chat_local(args: argparse.Namespace) -> int:
+    from ..service import open_service
+
+    async with open_service(settings_from(args)) as service:
+        conversation = await service.conversations.create(args.agent, "corral chat", {"source": "chat"})
+        print(f"[{conversation.agent_name} {conversation.digest[:19]}… conversation {conversation.id}]",
+              file=sys.stderr)
+        async for text in _prompts():
+            running = await service.conversations.send(conversation.id, text, if_busy="enqueue")
+            async for event in service.conversations.events(conversation.id, after=running.started_seq - 1,
+                                                            until_turn=running.turn.id):
+                if event is not None:
+                    _render(event.name, event.data)
+    return 0
+
+
+async def _chat_remote(args: argparse.Namespace) -> int:
+    import os
+
+    key = args.api_key or os.environ.get("CORRAL_API_KEY")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with httpx.AsyncClient(base_url=args.url, headers=headers, timeout=None) as client:
+        response = await client.post("/v1/conversations", json={"agent": args.agent, "title": "corral chat"})
+        if response.status_code != 201:
+            raise CorralError(f"{response.status_code}: {response.text}")
+        conversation = response.json()
+        print(f"[{conversation['agent_name']} conversation {conversation['id']}]", file=sys.stderr)
+        async for text in _prompts():
+            body = {"content": text, "stream": True, "if_busy": "enqueue"}
+            async with client.stream("POST", f"/v1/conversations/{conversation['id']}/messages",
+                                     json=body) as stream:
+                if stream.status_code != 200:
+                    await stream.aread()
+                    raise CorralError(f"{stream.status_code}: {stream.text}")
+                name = ""
+                async for line in stream.aiter_lines():
+                    if line.startswith("event: "):
+                        name = line[7:]
+                    elif line.startswith("data: "):
+                        _render(name, json.loads(line[6:]))
+    return 0
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    # stdout is the JSON-RPC pipe: everything else goes to stderr
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return anyio.run(_serve_stdio, settings_from(args))
+
+
+async def _serve_stdio(settings: Settings) -> int:
+    from mcp.server.stdio import stdio_server
+
+    from ..mcp.server import AgentsMCP
+    from ..service import open_service
+
+    async with open_service(settings) as service:
+        agents = AgentsMCP(service)
+        service.swapper.listeners.append(agents.on_swap)
+        async with stdio_server() as (read_stream, write_stream):
+            await agents.server.run(read_stream, write_stream, agents.server.create_initialization_options())
+    return 0

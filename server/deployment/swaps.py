@@ -1,0 +1,204 @@
+"""Hot swap: compile the directory again and swap the result in, atomically.
+
+Every trigger (the file watcher, `POST /v1/definitions/reload`, SIGHUP) calls
+`Swapper.reload`, one at a time. The new set is compiled in a worker thread
+(a cold compile of a large set must not stall running turns), checked
+against `corral.lock` in locked mode, and swapped in with one assignment.
+A cancelled reload (shutdown) stops waiting for its compile at once: the
+compile runs in a daemon thread, so even one stuck forever holds up neither
+SIGTERM nor the interpreter's exit, and the next compile waits for it to end
+rather than share the compiler's caches with it.
+Each reload yields a report in the contract's shape: status
+`applied` / `rejected` / `unchanged`, the set digests, the changes, the
+conversations busy on a changed or removed agent, and the errors. The report
+is returned, logged as one line, kept in the store's history and published
+on the server-wide event stream.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
+
+import anyio
+
+from ..clock import iso
+from ..compiler.compiler import Compiler
+from ..compiler.definitions import DefinitionSet
+from ..compiler.lockfile import Lock, LockError, drift, read_lock
+from ..errors import CorralError, DefinitionsInvalid
+from ..ids import new_id
+from ..metrics import Metrics
+from ..store.base import Store, TurnRecord
+from .registry import Registry
+
+log = logging.getLogger("corral.swaps")
+RunningTurns = Callable[[], Awaitable[Iterable[TurnRecord]]]
+Publish = Callable[[str, dict[str, Any]], None]  # a server-wide event: name, data
+T = TypeVar("T")
+
+
+async def run_abandonable(func: Callable[..., T], *args: Any) -> T:
+    """`func(*args)` in a daemon thread; a cancelled caller stops waiting for it at once.
+
+    Not `to_thread.run_sync(func, abandon_on_cancel=True)` alone: anyio's worker threads are
+    not daemons, so one stuck in `func` would keep the process alive after the event loop ends.
+    Here the anyio worker only waits on `done`, which a cancellation sets too.
+    """
+    done = threading.Event()
+    outcome: list[tuple[bool, Any]] = []
+
+    def work() -> None:
+        try:
+            outcome.append((True, func(*args)))
+        except BaseException as exc:
+            outcome.append((False, exc))
+        finally:
+            done.set()
+
+    context = contextvars.copy_context()
+    threading.Thread(target=context.run, args=(work,), name="corral-compile", daemon=True).start()
+    try:
+        await anyio.to_thread.run_sync(done.wait, abandon_on_cancel=True)
+    finally:
+        done.set()  # cancelled: the waiting worker goes back to its pool; `work` runs on, unwatched
+    ok, value = outcome[0]
+    if ok:
+        return value
+    raise value
+
+
+def lock_errors(definitions: DefinitionSet) -> list[dict[str, Any]]:
+    """Why `definitions` may not run in locked mode; empty when it matches corral.lock."""
+    try:
+        locked = read_lock(definitions.root)
+    except LockError as exc:
+        return [{"code": "lock_mismatch", "message": str(exc)}]
+    if locked is None:
+        return [{"code": "lock_mismatch", "message": "locked mode needs a corral.lock; run `corral lock`"}]
+    return [
+        {"code": "lock_mismatch", "message": f"{d.ref} drifted from corral.lock ({d.change})",
+         "ref": d.ref, "locked": d.locked, "current": d.current}
+        for d in drift(locked, Lock.of(definitions))
+    ]
+
+
+def check_locked(definitions: DefinitionSet) -> None:
+    """Refuse to start in locked mode when the set differs from corral.lock."""
+    errors = lock_errors(definitions)
+    if errors:
+        raise CorralError("the definitions differ from corral.lock: "
+                          + "; ".join(e["message"] for e in errors), code="lock_mismatch", details=errors)
+
+
+def _digest_of(definitions: DefinitionSet, agent: str) -> str | None:
+    found = definitions.get("Agent", agent)
+    return found.digest if found else None
+
+
+def changes_between(previous: DefinitionSet, current: DefinitionSet) -> list[dict[str, Any]]:
+    old, new = previous.by_key, current.by_key
+    out = []
+    for key in sorted(set(old) | set(new)):
+        before, after = old.get(key), new.get(key)
+        if before is not None and after is not None and before.digest == after.digest:
+            continue
+        change = "added" if before is None else "removed" if after is None else "changed"
+        out.append({"kind": key[0], "name": key[1], "change": change,
+                    "from": before.digest if before else None, "to": after.digest if after else None})
+    return out
+
+
+class Swapper:
+    def __init__(self, compiler: Compiler, registry: Registry, running: RunningTurns,
+                 store: Store, publish: Publish, metrics: Metrics, *, locked: bool):
+        self.compiler = compiler
+        self.registry = registry
+        self.running = running  # the turns in progress (the run stage knows them, not this one)
+        self.store = store
+        self.publish = publish
+        self.metrics = metrics
+        self.locked = locked
+        self.listeners: list[Callable[[dict[str, Any]], Awaitable[None]]] = []  # told of applied swaps
+        self._one_at_a_time = anyio.Lock()
+        self._compiling = threading.Lock()  # held by the compile thread, abandoned or not
+
+    async def reload(self, trigger: str, changed: Iterable[str] | None = None) -> dict[str, Any]:
+        """Compile and swap; `changed` (from the watcher) lets the compiler look at those paths only."""
+        async with self._one_at_a_time:
+            previous = self.registry.current
+            report: dict[str, Any] = {
+                "id": new_id("swap"), "at": iso(time.time()), "trigger": trigger, "status": "unchanged",
+                "previous": previous.digest, "current": previous.digest,
+                "changes": [], "busy": [], "errors": [],
+            }
+            try:
+                candidate = await run_abandonable(self._compile, changed)
+            except DefinitionsInvalid as exc:
+                report.update(status="rejected", errors=[
+                    {"code": "definitions_invalid", **e.as_dict()} for e in exc.errors])
+            else:
+                await self._consider(previous, candidate, report)
+            await self._announce(report)
+            return report
+
+    def _compile(self, changed: Iterable[str] | None) -> DefinitionSet:
+        with self._compiling:
+            return self.compiler.compile(changed)
+
+    async def _consider(self, previous: DefinitionSet, candidate: DefinitionSet,
+                        report: dict[str, Any]) -> None:
+        if self.locked:
+            errors = lock_errors(candidate)
+            if errors:
+                report.update(status="rejected", errors=errors, attempted=candidate.digest)
+                return
+        if candidate.digest == previous.digest:
+            return
+        changes = changes_between(previous, candidate)
+        touched = {c["name"] for c in changes if c["kind"] == "Agent" and c["change"] != "added"}
+        await self.registry.swap(candidate)
+        # Listed after the swap: a turn that started while it was being applied ran on the old set too.
+        report["busy"] = [
+            {"conversation_id": t.conversation_id, "agent": t.agent, "digest": t.digest,
+             "turn_id": t.id, "since": iso(t.started_at)}
+            for t in await self.running()
+            if t.agent in touched and t.digest != _digest_of(candidate, t.agent)
+        ]
+        report.update(status="applied", current=candidate.digest, changes=changes)
+
+    async def _announce(self, report: dict[str, Any]) -> None:
+        status = report["status"]
+        self.metrics.swaps.inc(status)
+        if status != "unchanged":
+            await self.store.record_swap(report["id"], time.time(), status, report)
+            name = "definitions.swapped" if status == "applied" else "definitions.rejected"
+            self.publish(name, report)
+        if status == "applied":
+            for listener in self.listeners:
+                try:
+                    await listener(report)
+                except Exception:
+                    log.exception("a swap listener failed")
+        log.log(logging.WARNING if status == "rejected" else logging.INFO, "%s", summary(report))
+
+
+def summary(report: dict[str, Any]) -> str:
+    """One readable log line per swap."""
+    head = f"swap {report['status']} ({report['trigger']}): {report['previous'][:19]}"
+    if report["status"] == "applied":
+        counts: dict[str, int] = {}
+        for change in report["changes"]:
+            counts[change["change"]] = counts.get(change["change"], 0) + 1
+        detail = ", ".join(f"{n} {c}" for c, n in sorted(counts.items()))
+        busy = f"; busy: {', '.join(b['conversation_id'] for b in report['busy'])}" if report["busy"] else ""
+        return f"{head} -> {report['current'][:19]} [{detail}]{busy}"
+    if report["status"] == "rejected":
+        first = report["errors"][0] if report["errors"] else {}
+        where = f"{first.get('file')}:{first.get('line')}: " if first.get("file") else ""
+        return f"{head} kept; {len(report['errors'])} error(s), first: {where}{first.get('message', '')}"
+    return head + " (no definition changed)"

@@ -1,0 +1,99 @@
+"""The Starlette application: routes, guards, error handlers, and the service lifespan."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from ..errors import CorralError
+from ..mcp.mount import mcp_route
+from ..mcp.server import AgentsMCP
+from ..service import open_service
+from ..settings import Settings
+from . import agents, conversations, deployments, openai_compat, openapi, permissions
+from .browsers import CORS_EXPOSED, CORS_HEADERS, BrowserGuard
+from .guards import ApiKeys, BodyLimit, RequestIds
+from .plumbing import corral_error_handler, http_error_handler, internal_error_handler
+
+
+async def healthz(request: Request) -> Response:
+    service = getattr(request.app.state, "service", None)
+    if service is not None and service.failed is not None:
+        return JSONResponse({"status": "failing", **service.failed.envelope()}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    service = getattr(request.app.state, "service", None)
+    if service is not None and service.failed is not None:
+        return JSONResponse({"status": "failing", **service.failed.envelope()}, status_code=503)
+    if service is None or not service.ready or not service.conversations.accepting:
+        return JSONResponse({"status": "not ready"}, status_code=503)
+    return JSONResponse({"status": "ready", "digest": service.registry.current.digest})
+
+
+async def metrics(request: Request) -> Response:
+    body = request.app.state.service.metrics.render()
+    return PlainTextResponse(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def create_app(settings: Settings) -> Starlette:
+    agents_mcp = AgentsMCP()
+    mcp = mcp_route(agents_mcp)  # creates the session manager the lifespan runs
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with open_service(settings) as service:
+            agents_mcp.service = service
+            service.swapper.listeners.append(agents_mcp.on_swap)
+            app.state.service = service
+            app.state.started_at = time.time()
+            async with agents_mcp.server.session_manager.run():
+                yield
+
+    routes = [
+        Route("/healthz", healthz),
+        Route("/readyz", readyz),
+        Route("/metrics", metrics),
+        *deployments.routes,
+        *agents.routes,
+        *conversations.routes,
+        *permissions.routes,
+        *openapi.routes,
+        *openai_compat.routes,
+        mcp,
+    ]
+    return Starlette(
+        routes=routes,
+        middleware=_middleware(settings),
+        lifespan=lifespan,
+        exception_handlers={CorralError: corral_error_handler, HTTPException: http_error_handler,
+                            Exception: internal_error_handler},
+    )
+
+
+def _middleware(settings: Settings) -> list[Middleware]:
+    """Outermost first: every response gets a request id; browsers are checked before keys, and a
+    CORS preflight (which carries no key) is answered before the key check."""
+    middleware = [
+        Middleware(RequestIds),
+        Middleware(BrowserGuard, bind_host=settings.host, allowed_hosts=settings.hosts,
+                   cors_origins=settings.origins),
+    ]
+    if settings.origins:
+        middleware.append(Middleware(CORSMiddleware, allow_origins=list(settings.origins),
+                                     allow_methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+                                     allow_headers=list(CORS_HEADERS), expose_headers=list(CORS_EXPOSED),
+                                     max_age=600))
+    return [*middleware,
+            Middleware(ApiKeys, keys=settings.keys),
+            Middleware(BodyLimit, limit=settings.max_body_bytes, timeout_s=settings.body_timeout_s)]

@@ -1,0 +1,159 @@
+"""Conversation routes: create, read, list, delete, send, transcript, turns, events."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ..errors import RequestError
+from ..store.base import ConversationRecord, EventRecord, TurnRecord
+from .plumbing import KEEP_ALIVE, iso, page, page_params, read_json, sse_frame, sse_response
+
+
+class CreateConversation(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    agent: str = Field(min_length=1, max_length=200)
+    title: str | None = Field(default=None, max_length=500)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class SendMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    content: str = Field(min_length=1)
+    stream: StrictBool = False
+    if_busy: Literal["reject", "enqueue", "interrupt"] | None = None
+
+
+def _conversations(request: Request):
+    return request.app.state.service.conversations
+
+
+def conversation_json(c: ConversationRecord) -> dict[str, Any]:
+    return {
+        "id": c.id, "agent": c.agent, "agent_name": c.agent_name, "digest": c.digest,
+        "pinned": c.pinned, "status": c.status, "title": c.title, "metadata": c.metadata,
+        "created_at": iso(c.created_at), "updated_at": iso(c.updated_at),
+    }
+
+
+def turn_json(t: TurnRecord) -> dict[str, Any]:
+    return {
+        "id": t.id, "conversation_id": t.conversation_id, "agent": t.agent, "digest": t.digest,
+        "status": t.status, "stop_reason": t.stop_reason, "usage": t.usage, "error": t.error,
+        "input": t.input, "output": t.output,
+        "started_at": iso(t.started_at), "ended_at": iso(t.ended_at),
+    }
+
+
+async def create_conversation(request: Request) -> Response:
+    body = await read_json(request, CreateConversation)
+    record = await _conversations(request).create(body.agent, body.title, body.metadata)
+    return JSONResponse(conversation_json(record), status_code=201)
+
+
+async def list_conversations(request: Request) -> Response:
+    limit, cursor = page_params(request)
+    q = request.query_params
+    status = q.get("status")
+    if status is not None and status not in ("idle", "busy", "waiting"):
+        raise RequestError("status must be idle, busy or waiting")
+    records = await request.app.state.service.store.list_conversations(
+        agent=q.get("agent"), digest=q.get("digest"), status=status, limit=limit + 1, after=cursor
+    )
+    return JSONResponse(page([conversation_json(r) for r in records], limit, lambda c: c["id"]))
+
+
+async def get_conversation(request: Request) -> Response:
+    service = request.app.state.service
+    record = await service.conversations.get(request.path_params["id"])
+    body = conversation_json(record)
+    turns = await service.store.list_turns(record.id, limit=10_000)
+    body["turns"] = [{"id": t.id, "digest": t.digest, "status": t.status} for t in turns]
+    return JSONResponse(body)
+
+
+async def delete_conversation(request: Request) -> Response:
+    await _conversations(request).delete(request.path_params["id"])
+    return Response(status_code=204)
+
+
+async def send_message(request: Request) -> Response:
+    conversations = _conversations(request)
+    body = await read_json(request, SendMessage)
+    key = request.headers.get("idempotency-key") or None
+    if key is not None and len(key) > 255:
+        raise RequestError("Idempotency-Key is longer than 255 characters")
+    running = await conversations.send(request.path_params["id"], body.content,
+                                       if_busy=body.if_busy, idempotency_key=key)
+    if not body.stream:
+        return JSONResponse(await conversations.result(running))
+    events = conversations.events(running.turn.conversation_id, after=max(running.started_seq - 1, 0),
+                                  until_turn=running.turn.id)
+    return sse_response(_frames(events), request.app.state.service.metrics)
+
+
+async def _frames(events: AsyncIterator[EventRecord | None]) -> AsyncIterator[bytes]:
+    async for event in events:
+        yield KEEP_ALIVE if event is None else sse_frame(event.name, event.data, event.seq)
+
+
+async def list_messages(request: Request) -> Response:
+    service = request.app.state.service
+    record = await service.conversations.get(request.path_params["id"])
+    limit, cursor = page_params(request, default=100)
+    after = _int_cursor(cursor)
+    rows = await service.store.list_messages(record.id, limit=limit + 1, after=after)
+    items = [{"seq": r.seq, "turn_id": r.turn_id, "created_at": iso(r.created_at), **r.message.to_json()}
+             for r in rows]
+    return JSONResponse(page(items, limit, lambda m: m["seq"]))
+
+
+async def list_turns(request: Request) -> Response:
+    service = request.app.state.service
+    record = await service.conversations.get(request.path_params["id"])
+    limit, cursor = page_params(request)
+    turns = await service.store.list_turns(record.id, limit=limit + 1, after=cursor)
+    return JSONResponse(page([turn_json(t) for t in turns], limit, lambda t: t["id"]))
+
+
+async def conversation_events(request: Request) -> Response:
+    conversations = _conversations(request)
+    record = await conversations.get(request.path_params["id"])
+    after = _int_cursor(request.headers.get("last-event-id") or request.query_params.get("after"))
+    return sse_response(_frames(conversations.events(record.id, after=after)),
+                        request.app.state.service.metrics)
+
+
+async def interrupt(request: Request) -> Response:
+    turn_id = await _conversations(request).interrupt(request.path_params["id"])
+    return JSONResponse({"interrupted": turn_id is not None, "turn_id": turn_id})
+
+
+def _int_cursor(raw: str | None) -> int:
+    if not raw:
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        raise RequestError("event and message cursors are integers") from None
+    if value < 0:
+        raise RequestError("event and message cursors are not negative")
+    return value
+
+
+routes = [
+    Route("/v1/conversations", create_conversation, methods=["POST"]),
+    Route("/v1/conversations", list_conversations, methods=["GET"]),
+    Route("/v1/conversations/{id}", get_conversation, methods=["GET"]),
+    Route("/v1/conversations/{id}", delete_conversation, methods=["DELETE"]),
+    Route("/v1/conversations/{id}/messages", send_message, methods=["POST"]),
+    Route("/v1/conversations/{id}/messages", list_messages, methods=["GET"]),
+    Route("/v1/conversations/{id}/turns", list_turns, methods=["GET"]),
+    Route("/v1/conversations/{id}/events", conversation_events, methods=["GET"]),
+    Route("/v1/conversations/{id}/interrupt", interrupt, methods=["POST"]),
+]

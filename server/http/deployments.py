@@ -1,0 +1,86 @@
+"""Deployment routes: reload, swap history, the server-wide event stream, aliases."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ..clock import iso
+from ..deployment.registry import ALIAS, AgentNotFound
+from ..errors import RequestError
+from .plumbing import KEEP_ALIVE, page, page_params, read_json, sse_frame, sse_response
+
+
+class SetAlias(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    digest: str = Field(min_length=1)
+
+
+def _service(request: Request):
+    return request.app.state.service
+
+
+async def reload(request: Request) -> Response:
+    return JSONResponse(await _service(request).swapper.reload("api"))
+
+
+async def history(request: Request) -> Response:
+    limit, cursor = page_params(request)
+    swaps = await _service(request).store.list_swaps(limit=limit + 1, after=cursor)
+    return JSONResponse(page(swaps, limit, lambda s: s["id"]))
+
+
+async def server_events(request: Request) -> Response:
+    service = _service(request)
+
+    async def frames() -> AsyncIterator[bytes]:
+        with service.hub.subscribe_global() as live:
+            yield KEEP_ALIVE  # flush headers now: a client waiting for a swap is connected from here
+            while True:
+                try:
+                    event = await live.next(15.0)
+                except Exception:  # closed: shutdown, or this reader lagged far behind
+                    return
+                yield KEEP_ALIVE if event is None else sse_frame(event.name, event.data, event.seq)
+
+    return sse_response(frames(), service.metrics)
+
+
+async def put_alias(request: Request) -> Response:
+    service = _service(request)
+    name, alias = request.path_params["name"], request.path_params["alias"]
+    if not ALIAS.match(alias) or alias.startswith("sha256"):
+        raise RequestError("an alias is 1-63 of a-z 0-9 _ . - and does not start with sha256")
+    body = await read_json(request, SetAlias)
+    closure = await service.registry.resolve(f"{name}@{body.digest}")  # 404 unless served
+    await service.store.set_alias(name, alias, closure.agent.digest, time.time())
+    return JSONResponse({"agent": name, "alias": alias, "digest": closure.agent.digest})
+
+
+async def list_aliases(request: Request) -> Response:
+    name = request.path_params["name"]
+    items = await _service(request).store.list_aliases(name)
+    return JSONResponse({"items": [{**a, "updated_at": iso(a["updated_at"])} for a in items],
+                         "next_cursor": None})
+
+
+async def delete_alias(request: Request) -> Response:
+    name, alias = request.path_params["name"], request.path_params["alias"]
+    if not await _service(request).store.delete_alias(name, alias):
+        raise AgentNotFound(f"agent {name!r} has no alias {alias!r}")
+    return Response(status_code=204)
+
+
+routes = [
+    Route("/v1/definitions/reload", reload, methods=["POST"]),
+    Route("/v1/definitions/history", history, methods=["GET"]),
+    Route("/v1/events", server_events, methods=["GET"]),
+    Route("/v1/agents/{name}/aliases", list_aliases, methods=["GET"]),
+    Route("/v1/agents/{name}/aliases/{alias}", put_alias, methods=["PUT"]),
+    Route("/v1/agents/{name}/aliases/{alias}", delete_alias, methods=["DELETE"]),
+]

@@ -1,0 +1,124 @@
+"""`POST /v1/chat/completions`: any OpenAI client can talk to a Corral agent.
+
+`model` names an agent (`name`, `name@sha256:…`). Each request is one turn
+of a new conversation whose earlier messages are the request's history; the
+conversation is kept (metadata `source: openai`) so it is auditable like any
+other. System messages are ignored: the agent's own instructions apply. The
+agent's tool calls happen inside the turn and are not surfaced as OpenAI
+tool calls.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ..errors import CorralError, RequestError
+from ..messages import AssistantMessage, Message, UserMessage
+from .plumbing import read_json, sse_response
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")  # OpenAI clients send many knobs we ignore
+    model: str = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: StrictBool = False
+    stream_options: dict[str, Any] | None = None
+
+
+def _text(content: str | list[dict[str, Any]] | None) -> str:
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if p.get("type") == "text")
+    return content or ""
+
+
+def _history(messages: list[ChatMessage]) -> tuple[list[Message], str]:
+    if messages[-1].role != "user":
+        raise RequestError("the last message must have role user")
+    history: list[Message] = []
+    for m in messages[:-1]:
+        if m.role == "user":
+            history.append(UserMessage(content=_text(m.content)))
+        elif m.role == "assistant":
+            history.append(AssistantMessage(content=_text(m.content)))
+    return history, _text(messages[-1].content)
+
+
+async def chat_completions(request: Request) -> Response:
+    service = request.app.state.service
+    body = await read_json(request, ChatRequest)
+    history, text = _history(body.messages)
+    if not text:
+        raise RequestError("the last user message is empty")
+    conversations = service.conversations
+    conversation = await conversations.create(body.model, None, {"source": "openai"})
+    if history:
+        await service.store.append_messages(conversation.id, "", history, time.time())
+    running = await conversations.send(conversation.id, text)
+    completion_id = "chatcmpl-" + running.turn.id
+    created = int(time.time())
+    if body.stream:
+        usage = bool((body.stream_options or {}).get("include_usage"))
+        events = conversations.events(conversation.id, after=running.started_seq - 1,
+                                      until_turn=running.turn.id)
+        chunks = _chunks(events, completion_id, created, body.model, usage)
+        return sse_response(chunks, service.metrics)
+    result = await conversations.result(running)
+    if result["status"] != "completed":
+        error = result.get("error") or {"code": "internal", "message": "the turn did not complete"}
+        raise CorralError(error["message"], code=error["code"])
+    turn = await service.store.get_turn(running.turn.id)
+    return JSONResponse({
+        "id": completion_id, "object": "chat.completion", "created": created, "model": body.model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": result["output"]},
+                     "finish_reason": "stop", "logprobs": None}],
+        "usage": _usage(turn.usage if turn else {}),
+        "system_fingerprint": result["digest"],
+    })
+
+
+def _usage(usage: dict[str, int]) -> dict[str, int]:
+    prompt, completion = usage.get("input_tokens", 0), usage.get("output_tokens", 0)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+async def _chunks(events: AsyncIterator[Any], completion_id: str, created: int, model: str,
+                  include_usage: bool) -> AsyncIterator[bytes]:
+    def frame(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        chunk = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
+                 "model": model, "choices": [choice], **extra}
+        return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+
+    yield frame({"role": "assistant", "content": ""})
+    async for event in events:
+        if event is None:
+            yield b": keep-alive\n\n"
+        elif event.name == "message.delta":
+            yield frame({"content": event.data["text"]})
+        elif event.name == "turn.completed":
+            yield frame({}, "stop")
+            if include_usage:
+                body = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
+                        "model": model, "choices": [], "usage": _usage(event.data.get("usage", {}))}
+                yield b"data: " + json.dumps(body).encode() + b"\n\n"
+        elif event.name in ("turn.failed", "turn.cancelled"):
+            error = event.data.get("error") or {"code": "cancelled", "message": "the turn was cancelled"}
+            yield b"data: " + json.dumps({"error": {**error, "type": error["code"]}}).encode() + b"\n\n"
+    yield b"data: [DONE]\n\n"
+
+
+routes = [Route("/v1/chat/completions", chat_completions, methods=["POST"])]

@@ -1,0 +1,95 @@
+"""Live fan-out of events to subscribers: per conversation, and server-wide.
+
+Events are persisted before they are published (see `turns`), so the hub may
+drop: a subscriber that cannot keep up has its stream closed, and its reader
+replays what it missed from the store. The server-wide stream
+(`GET /v1/events`: swaps, conversation status) is live only, with ids that
+increase within this process.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from ..store.base import EventRecord
+
+BUFFER = 256
+HEARTBEAT_S = 15.0
+
+
+class Subscription:
+    def __init__(self) -> None:
+        self.send: MemoryObjectSendStream
+        self.receive: MemoryObjectReceiveStream
+        self.send, self.receive = anyio.create_memory_object_stream(BUFFER)
+        self.closed_by_hub = False
+
+    def offer(self, item: Any) -> None:
+        try:
+            self.send.send_nowait(item)
+        except anyio.WouldBlock:
+            self.send.close()  # lagging: the reader replays from the store
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass
+
+    async def next(self, timeout: float) -> Any:
+        """The next item, `None` after `timeout` seconds of quiet; raises EndOfStream when closed."""
+        item = None
+        with anyio.move_on_after(timeout):
+            item = await self.receive.receive()
+        return item
+
+
+class EventHub:
+    def __init__(self) -> None:
+        self._conversations: dict[str, set[Subscription]] = {}
+        self._global: set[Subscription] = set()
+        self._ids = itertools.count(1)
+
+    @contextmanager
+    def subscribe(self, conversation_id: str) -> Iterator[Subscription]:
+        sub = Subscription()
+        subs = self._conversations.setdefault(conversation_id, set())
+        subs.add(sub)
+        try:
+            yield sub
+        finally:
+            subs.discard(sub)
+            if not subs:
+                self._conversations.pop(conversation_id, None)
+            sub.send.close()
+            sub.receive.close()
+
+    def publish(self, event: EventRecord) -> None:
+        for sub in list(self._conversations.get(event.conversation_id, ())):
+            sub.offer(event)
+
+    @contextmanager
+    def subscribe_global(self) -> Iterator[Subscription]:
+        sub = Subscription()
+        self._global.add(sub)
+        try:
+            yield sub
+        finally:
+            self._global.discard(sub)
+            sub.send.close()
+            sub.receive.close()
+
+    def publish_global(self, name: str, data: dict[str, Any]) -> None:
+        event = EventRecord(seq=next(self._ids), conversation_id="", name=name, data=data,
+                            created_at=time.time())
+        for sub in list(self._global):
+            sub.offer(event)
+
+    def close_all(self) -> None:
+        """End every live stream (shutdown)."""
+        for sub in [*self._global, *(s for subs in self._conversations.values() for s in subs)]:
+            sub.closed_by_hub = True
+            sub.send.close()

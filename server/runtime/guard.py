@@ -1,0 +1,77 @@
+"""The guard every tool call passes: hooks and permissions, wrapped around a tool.
+
+Order, as in Claude Code: `pre_tool_use` hooks may allow, ask, deny or
+rewrite the input; the tool's own `permission` can only be tightened by them
+(deny beats ask beats allow); `ask` waits for a person through the
+`PermissionBroker`; then the tool runs; then `post_tool_use` hooks may add
+context or tell the model the result was rejected. A refusal is a tool
+result the model can read, not a failed turn. Every known secret value is
+redacted from the tool's result, whatever kind of tool produced it, before
+hooks, the transcript, the stream or a model see it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..tools.base import ToolContext, ToolOutput, ToolPort
+from ..tools.confinement import NO_REDACTION, Redactor
+
+if TYPE_CHECKING:
+    from .hooks import Hooks
+    from .permissions import PermissionBroker
+
+RANK = {"allow": 0, "ask": 1, "deny": 2}
+
+
+class Guarded:
+    def __init__(self, tool: ToolPort, permission: str, hooks: Hooks | None,
+                 broker: PermissionBroker | None, redactor: Redactor = NO_REDACTION):
+        self.tool = tool
+        self.redactor = redactor
+        self.spec = tool.spec
+        self.permission = permission
+        self.hooks = hooks
+        self.broker = broker
+
+    async def call(self, arguments: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
+        name = self.spec.name
+        decision, reason, args = self.permission, None, dict(arguments)
+        if self.hooks is not None:
+            verdict = await self.hooks.run("pre_tool_use", {
+                "tool_name": name, "tool_input": args, "tool_use_id": ctx.call_id,
+            }, tool_name=name)
+            if RANK[verdict.decision] > RANK[decision] or (verdict.decision == decision != "allow"):
+                decision, reason = verdict.decision, verdict.reason
+            if verdict.updated_input is not None:
+                args = {**args, **verdict.updated_input}
+        if decision == "deny":
+            return ToolOutput(f"permission denied for {name}: {reason or 'this tool may not be used'}",
+                              is_error=True)
+        if decision == "ask":
+            if self.broker is None:
+                return ToolOutput(f"{name} needs a person's approval, and none can be asked here",
+                                  is_error=True)
+            allowed, why = await self.broker.request(ctx, name, args, reason)
+            if not allowed:
+                return ToolOutput(f"permission denied for {name}: {why}", is_error=True)
+        output = await self.tool.call(args, ctx)
+        # before post_tool_use hooks see it: nothing downstream ever holds the raw value
+        output = ToolOutput(self.redactor.text(output.content), is_error=output.is_error)
+        return await self._after(name, args, output, ctx)
+
+    async def _after(self, name: str, args: dict[str, Any], output: ToolOutput,
+                     ctx: ToolContext) -> ToolOutput:
+        if self.hooks is None or not self.hooks.matching("post_tool_use", name):
+            return output
+        verdict = await self.hooks.run("post_tool_use", {
+            "tool_name": name, "tool_input": args, "tool_use_id": ctx.call_id,
+            "tool_response": {"content": output.content, "is_error": output.is_error},
+        }, tool_name=name)
+        content = output.content
+        if verdict.decision == "deny" and verdict.reason:
+            content += f"\n\n[post_tool_use hook: {verdict.reason}]"
+        for note in verdict.context:
+            content += f"\n\n{note}"
+        return ToolOutput(content, is_error=output.is_error or verdict.decision == "deny")

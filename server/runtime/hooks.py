@@ -1,0 +1,204 @@
+"""Hooks: run the `Hook` definitions of an agent at the events of its loop.
+
+`Hooks.run(event, payload)` sends one JSON object (Claude Code's hook input:
+the caller's `base` fields — session_id, cwd, corral {agent, digest, turn_id}
+— then `hook_event_name` in PascalCase, then the event's own fields) to every
+hook that matches, all at once, and combines their answers into one
+`Verdict` (see `hook_protocol`). A matcher applies to tool events only: empty
+matches every tool, anything else must match the whole tool name as a regex
+(which covers exact names and `a|b`).
+
+A command hook runs its argv without a shell (an element naming a file of the
+definition directory runs as its absolute path), in the definition directory,
+with the JSON on stdin, the minimal environment of `confinement` and
+`CLAUDE_PROJECT_DIR` set to that directory; a time-out kills its whole
+process group. An HTTP hook POSTs the same JSON, with `${VAR}` in its headers
+resolved at call time. Whatever a hook answers (a reason, context, a
+rewritten input) has every secret value redacted before the turn uses it. A hook
+that times out, crashes, cannot start or answers what the protocol cannot read
+gets its `on_error`: allow, or deny with a reason that says what failed.
+
+Not responsible for what a verdict does to the turn: the agent loop decides.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+
+from ..compiler.definitions import HookDefinition
+from ..compiler.documents import HOOK_EVENTS
+from ..compiler.templates import MissingSecret, resolve_secrets
+from ..deployment.vault import NO_VAULT, FileChanged, FileVault
+from ..tools.confinement import NO_REDACTION, Redactor, child_environment
+from ..tools.processes import StartFailed, run_process
+from .hook_protocol import Answer, HookFailed, Verdict, blocked, combine, read_output
+
+__all__ = ["EVENT_NAMES", "Hooks", "Verdict"]
+
+log = logging.getLogger("corral.hooks")
+
+EVENT_NAMES = {event: pascal for pascal, event in HOOK_EVENTS.items()}  # pre_tool_use -> PreToolUse
+TOOL_EVENTS = frozenset({"pre_tool_use", "post_tool_use"})
+OUTPUT_LIMIT = 256 * 1024  # stdout or response body; a longer JSON answer fails to parse
+STDERR_TAIL = 4096  # an exit-2 reason is the end of stderr
+
+
+class Hooks:
+    """The hooks of one agent, ready to run for one conversation."""
+
+    def __init__(
+        self,
+        hooks: Sequence[HookDefinition],
+        *,
+        root: Path,
+        http: httpx.AsyncClient,
+        environ: Mapping[str, str],
+        base: Mapping[str, Any],
+        files: FileVault = NO_VAULT,
+        redactor: Redactor = NO_REDACTION,
+    ):
+        self.files = files
+        self.redactor = redactor
+        self.hooks = tuple(hooks)
+        self.root = root
+        self.http = http
+        self.environ = environ  # for ${VAR} in HTTP headers; never handed to a command hook
+        self.base = dict(base)
+        self._matchers = [re.compile(h.matcher) if h.matcher else None for h in self.hooks]
+
+    def matching(self, event: str, tool_name: str | None = None) -> list[HookDefinition]:
+        """The hooks of `event` (either spelling) that apply to `tool_name`, in declared order."""
+        event = _event(event)
+        return [
+            hook for hook, matcher in zip(self.hooks, self._matchers, strict=True)
+            if hook.event == event and _applies(matcher, event, tool_name)
+        ]
+
+    async def run(self, event: str, payload: Mapping[str, Any], *, tool_name: str | None = None) -> Verdict:
+        """Run every matching hook concurrently; `tool_name` defaults to the payload's."""
+        event = _event(event)
+        if tool_name is None and isinstance(payload.get("tool_name"), str):
+            tool_name = payload["tool_name"]
+        hooks = self.matching(event, tool_name)
+        if not hooks:
+            return Verdict()
+        message = {**self.base, "hook_event_name": EVENT_NAMES[event], **payload}
+        body = json.dumps(message, ensure_ascii=False, default=str).encode("utf-8")
+        answers = [Answer(Verdict())] * len(hooks)
+
+        async def one(index: int, hook: HookDefinition) -> None:
+            answers[index] = await self._run_one(hook, event, body)
+
+        async with anyio.create_task_group() as group:
+            for index, hook in enumerate(hooks):
+                group.start_soon(one, index, hook)
+        return combine(answers)
+
+    async def _run_one(self, hook: HookDefinition, event: str, body: bytes) -> Answer:
+        started = time.monotonic()
+        try:
+            if hook.command is not None:
+                answer = await self._command(hook, event, body)
+            else:
+                answer = await self._post(hook, event, body)
+        except HookFailed as exc:
+            failure = str(exc)
+        except Exception:  # a bug here must not take the turn down with it: the hook failed
+            log.warning("hook %s on %s raised", hook.name, event, exc_info=True)
+            failure = f"hook {hook.name} failed"
+        else:
+            elapsed_ms = (time.monotonic() - started) * 1000
+            log.debug("hook %s on %s: %s (%.0f ms)", hook.name, event, answer.verdict.decision, elapsed_ms)
+            return self._redacted(answer)
+        elapsed_ms = (time.monotonic() - started) * 1000
+        log.warning("hook %s on %s: %s, on_error %s (%.0f ms)", hook.name, event, failure, hook.on_error,
+                    elapsed_ms)
+        return Answer(Verdict("deny", failure) if hook.on_error == "deny" else Verdict())
+
+    async def _command(self, hook: HookDefinition, event: str, body: bytes) -> Answer:
+        assert hook.command is not None
+        try:
+            argv = self.files.argv(self.root, hook.command, hook.files)
+        except FileChanged as exc:
+            raise HookFailed(f"hook {hook.name}: {exc}") from None
+        env = child_environment({"CLAUDE_PROJECT_DIR": str(self.root)})
+        try:
+            finished = await run_process(argv, cwd=self.root, env=env, timeout_s=hook.timeout_s,
+                                         output_limit=OUTPUT_LIMIT, stderr_tail=STDERR_TAIL, stdin=body)
+        except StartFailed as exc:
+            raise HookFailed(f"hook {hook.name} could not start: {exc}") from None
+        if finished.timed_out:
+            raise HookFailed(f"hook {hook.name} timed out after {hook.timeout_s:g}s")
+        if finished.returncode == 2:
+            return blocked(hook.name, event, finished.stderr.tail_text())
+        if finished.returncode != 0:
+            raise HookFailed(f"hook {hook.name} failed ({finished.status})")
+        return read_output(hook.name, event, finished.stdout.text())
+
+    def _redacted(self, answer: Answer) -> Answer:
+        if not self.redactor:
+            return answer
+        v = answer.verdict
+        updated = None if v.updated_input is None else self.redactor.value(v.updated_input)
+        verdict = replace(v, reason=self.redactor.text(v.reason) if v.reason else v.reason,
+                          context=tuple(self.redactor.text(c) for c in v.context), updated_input=updated,
+                          stop_continue=self.redactor.text(v.stop_continue) if v.stop_continue else None)
+        return replace(answer, verdict=verdict)
+
+    async def _post(self, hook: HookDefinition, event: str, body: bytes) -> Answer:
+        spec = hook.http or {}
+        try:
+            headers = {k: resolve_secrets(v, self.environ) for k, v in spec.get("headers", {}).items()}
+        except MissingSecret as exc:
+            raise HookFailed(f"hook {hook.name}: environment variable {exc.args[0]} is not set") from None
+        if not any(k.lower() == "content-type" for k in headers):
+            headers["Content-Type"] = "application/json"
+        timed_out = HookFailed(f"hook {hook.name} timed out after {hook.timeout_s:g}s")
+        with anyio.move_on_after(hook.timeout_s) as deadline:
+            try:
+                status, text = await self._send(spec["url"], headers, body, hook)
+            except httpx.TimeoutException:
+                raise timed_out from None
+            except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
+                # The type only: a message may hold the URL or a header value.
+                raise HookFailed(f"hook {hook.name}: request failed ({type(exc).__name__})") from None
+        if deadline.cancelled_caught:
+            raise timed_out
+        if not 200 <= status < 300:
+            raise HookFailed(f"hook {hook.name} answered HTTP {status}")
+        return read_output(hook.name, event, text)
+
+    async def _send(self, url: str, headers: dict[str, str], body: bytes,
+                    hook: HookDefinition) -> tuple[int, str]:
+        async with self.http.stream("POST", url, content=body, headers=headers,
+                                    timeout=hook.timeout_s) as response:
+            data = bytearray()
+            async for chunk in response.aiter_bytes():
+                data += chunk
+                if len(data) > OUTPUT_LIMIT:
+                    raise HookFailed(f"hook {hook.name} answered more than {OUTPUT_LIMIT} bytes")
+            return response.status_code, data.decode("utf-8", errors="replace")
+
+
+def _applies(matcher: re.Pattern[str] | None, event: str, tool_name: str | None) -> bool:
+    if matcher is None or event not in TOOL_EVENTS:
+        return True
+    return tool_name is not None and matcher.fullmatch(tool_name) is not None
+
+
+def _event(event: str) -> str:
+    event = HOOK_EVENTS.get(event, event)
+    if event not in EVENT_NAMES:
+        raise ValueError(f"unknown hook event: {event!r}")
+    return event
+

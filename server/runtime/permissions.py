@@ -1,0 +1,91 @@
+"""Permission requests: a tool call that needs a person's yes.
+
+`ask` pauses the call: the request is recorded, a `permission.requested`
+event goes out, the turn and its conversation show `waiting`, and the call
+resumes when `POST /v1/conversations/{id}/permissions/{request_id}` answers,
+or is denied when the request expires (or is recorded as cancelled when its
+turn ends first). Every request and decision is kept (who, when, what) as an
+audit trail.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from ..clock import iso
+from ..errors import RequestError
+from ..ids import new_id
+from ..store.base import PermissionRecord, Store
+from ..tools.base import ToolContext
+
+
+class PermissionNotFound(RequestError):
+    code = "not_found"
+
+
+@dataclass
+class _Waiter:
+    conversation_id: str
+    answered: anyio.Event = field(default_factory=anyio.Event)
+    allowed: bool = False
+
+
+class PermissionBroker:
+    def __init__(self, store: Store, timeout_s: float):
+        self.store = store
+        self.timeout_s = timeout_s
+        self._waiting: dict[str, _Waiter] = {}
+
+    async def request(self, ctx: ToolContext, tool: str, arguments: dict[str, Any],
+                      reason: str | None) -> tuple[bool, str]:
+        """Wait for a decision; returns (allowed, why)."""
+        now = time.time()
+        record = PermissionRecord(
+            id=new_id("perm"), conversation_id=ctx.conversation_id, turn_id=ctx.turn_id,
+            tool_call_id=ctx.call_id, tool=tool, arguments=arguments, reason=reason, status="pending",
+            requested_at=now, expires_at=now + self.timeout_s,
+        )
+        await self.store.create_permission(record)
+        waiter = self._waiting[record.id] = _Waiter(ctx.conversation_id)
+        unanswered = ("cancelled", "cancellation")  # the turn ended before the wait did
+        try:
+            if ctx.channel is not None:
+                await ctx.channel.waiting(True)
+                await ctx.channel.emit("permission.requested", {
+                    "request_id": record.id, "turn_id": ctx.turn_id, "tool_call_id": ctx.call_id,
+                    "name": tool, "arguments": arguments, "reason": reason,
+                    "expires_at": iso(record.expires_at),
+                })
+            with anyio.move_on_after(self.timeout_s):
+                await waiter.answered.wait()
+            unanswered = ("expired", "expiry")
+        finally:
+            self._waiting.pop(record.id, None)
+            with anyio.CancelScope(shield=True):
+                if not waiter.answered.is_set():
+                    await self.store.decide_permission(record.id, *unanswered, time.time())
+                if ctx.channel is not None:
+                    await ctx.channel.waiting(False)
+        if not waiter.answered.is_set():
+            return False, f"the permission request expired after {self.timeout_s:g}s"
+        return waiter.allowed, "allowed" if waiter.allowed else "denied by a person"
+
+    async def decide(self, conversation_id: str, request_id: str, allow: bool, who: str) -> PermissionRecord:
+        record = await self.store.get_permission(request_id)
+        if record is None or record.conversation_id != conversation_id:
+            raise PermissionNotFound(f"no permission request {request_id!r} in this conversation")
+        status = "allowed" if allow else "denied"
+        if not await self.store.decide_permission(request_id, status, who, time.time()):
+            raise RequestError(f"permission request {request_id} was already {record.status}",
+                               code="conflict", details={"status": record.status})
+        waiter = self._waiting.get(request_id)
+        if waiter is not None:
+            waiter.allowed = allow
+            waiter.answered.set()
+        updated = await self.store.get_permission(request_id)
+        assert updated is not None
+        return updated

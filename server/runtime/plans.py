@@ -1,0 +1,181 @@
+"""From a closure to a runnable turn: models wrapped for resilience, tools built.
+
+The runtime owns what turns share (the outbound HTTP client, the process
+environment for `${VAR}` secrets and the `Secrets` every tool result and hook
+answer is redacted of) and builds a `TurnPlan` for the one agent loop. It
+never decides busy/idle or persistence: that is `conversations`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import httpx
+
+from ..compiler.definitions import (
+    AgentDefinition,
+    Closure,
+    MCPServerDefinition,
+    ModelDefinition,
+    SkillDefinition,
+    ToolDefinition,
+)
+from ..deployment.vault import NO_VAULT, FileVault
+from ..errors import RunError
+from ..messages import Message
+from ..metrics import Metrics
+from ..providers.base import ModelPort
+from ..providers.counted import CountedModel
+from ..providers.scripted import ScriptedProvider
+from ..tools.base import ToolContext, ToolPort
+from ..tools.confinement import Secrets
+from ..tools.skills import ActivateSkill, ReadSkillResource, skills_prompt
+from ..tools.subagent import SubAgentTool
+from .guard import Guarded
+from .loop import Done, TurnPlan, run_turn
+
+if TYPE_CHECKING:
+    from .hooks import Hooks
+    from .permissions import PermissionBroker
+
+
+class MCPToolSource(Protocol):
+    """Where tools of MCPServer definitions come from (see `tools.mcp`)."""
+
+    async def tools(self, server: MCPServerDefinition, root: Path,
+                    only: str | None = None) -> Sequence[ToolPort]: ...
+
+
+class Runtime:
+    def __init__(self, http: httpx.AsyncClient, environ: Mapping[str, str] | None = None,
+                 mcp: MCPToolSource | None = None, permissions: PermissionBroker | None = None,
+                 files: FileVault = NO_VAULT,
+                 metrics: Metrics | None = None, secrets: Secrets | None = None):
+        self.http = http
+        self.environ = os.environ if environ is None else environ
+        self.secrets = Secrets(self.environ) if secrets is None else secrets
+        self.mcp = mcp
+        self.permissions = permissions
+        self.files = files
+        self.metrics = metrics
+
+    # --- models --------------------------------------------------------------
+
+    def provider(self, model: ModelDefinition) -> ModelPort:
+        if model.provider == "scripted":
+            return self._counted(ScriptedProvider(model))
+        from ..providers.resilience import RetryingModel
+
+        if model.provider == "openai":
+            from ..providers.openai import OpenAIProvider
+
+            port: ModelPort = OpenAIProvider(model, self.http, self.environ)
+        else:
+            from ..providers.anthropic import AnthropicProvider
+
+            port = AnthropicProvider(model, self.http, self.environ)
+        return RetryingModel(self._counted(port), model.retries, model.timeout_s)
+
+    def _counted(self, port: ModelPort) -> ModelPort:
+        # Inside the retries: each attempt is a request the provider saw (and may bill).
+        return port if self.metrics is None else CountedModel(port, self.metrics.model_requests)
+
+    def model(self, closure: Closure) -> ModelPort:
+        chain = [self.provider(m) for m in closure.model_chain()]
+        if len(chain) == 1:
+            return chain[0]
+        from ..providers.resilience import FallbackModel
+
+        return FallbackModel(chain)
+
+    # --- tools ---------------------------------------------------------------
+
+    async def tools(self, closure: Closure, hooks: Hooks | None = None) -> dict[str, ToolPort]:
+        """Every tool the agent may call, each behind the guard (hooks, then permission)."""
+        agent = closure.agent
+        tools: list[tuple[ToolPort, str]] = []
+        for ref in agent.tools:
+            tools += await self._tool_ref(closure, ref)
+        for name in agent.agents:
+            sub = closure.get("Agent", name)
+            assert isinstance(sub, AgentDefinition)
+            tools.append((SubAgentTool(sub, self._sub_runner(closure)), "allow"))
+        skills = self._skills(closure)
+        if skills:
+            tools += [(ActivateSkill(skills), "allow"), (ReadSkillResource(skills), "allow")]
+        redactor = self.secrets.redactor
+        return {tool.spec.name: Guarded(tool, permission, hooks, self.permissions, redactor)
+                for tool, permission in tools}
+
+    async def _tool_ref(self, closure: Closure, ref: str) -> list[tuple[ToolPort, str]]:
+        if "/" not in ref and ("Tool", ref) in closure.members:
+            definition = closure.get("Tool", ref)
+            assert isinstance(definition, ToolDefinition)
+            return [(self._tool(definition), definition.permission)]
+        server_name, _, only = ref.partition("/")
+        server = closure.get("MCPServer", server_name)
+        assert isinstance(server, MCPServerDefinition)
+        if self.mcp is None:
+            raise RunError(f"MCP server {server.name} is not available here", code="tool_error")
+        return [(tool, "allow") for tool in await self.mcp.tools(server, closure.root, only=only or None)]
+
+    def _tool(self, definition: ToolDefinition) -> ToolPort:
+        if definition.command is not None:
+            from ..tools.command import CommandTool
+
+            return CommandTool(definition)
+        from ..tools.http import HttpTool
+
+        return HttpTool(definition, self.http)
+
+    def _skills(self, closure: Closure) -> list[SkillDefinition]:
+        found = [closure.get("Skill", n) for n in closure.agent.skills]
+        return [s for s in found if isinstance(s, SkillDefinition)]
+
+    def _sub_runner(self, closure: Closure):
+        async def run(name: str, message: str, ctx: ToolContext) -> str:
+            sub = closure.sub_closure(name)
+            plan = await self.plan(sub, (), message, ctx)
+            async for event in run_turn(plan):
+                if isinstance(event, Done):
+                    return event.output
+            raise RunError(f"sub-agent {name} ended without an answer")
+
+        return run
+
+    def hooks(self, closure: Closure, context: ToolContext) -> Hooks | None:
+        found = [closure.get("Hook", name) for name in closure.agent.hooks]
+        if not found:
+            return None
+        from .hooks import Hooks
+
+        base = {"session_id": context.conversation_id, "cwd": str(closure.root),
+                "corral": {"agent": context.agent, "digest": context.digest, "turn_id": context.turn_id}}
+        return Hooks(found, root=closure.root, http=self.http, environ=self.environ, base=base,
+                     files=self.files, redactor=self.secrets.redactor)
+
+    # --- plans ---------------------------------------------------------------
+
+    async def plan(self, closure: Closure, history: tuple[Message, ...], text: str,
+                   context: ToolContext) -> TurnPlan:
+        agent = closure.agent
+        # a pinned closure may reference secrets the current set no longer does
+        self.secrets.learn(d.spec for d in closure.members.values())
+        instructions = agent.instructions
+        skills = self._skills(closure)
+        if skills:
+            instructions += skills_prompt(skills)
+        hooks = self.hooks(closure, context)
+        return TurnPlan(
+            instructions=instructions,
+            model=self.model(closure),
+            tools=await self.tools(closure, hooks),
+            hooks=hooks,
+            history=history,
+            input=text,
+            max_steps=agent.max_steps,
+            context=context,
+        )
