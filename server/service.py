@@ -7,8 +7,8 @@ app, `corral chat` and `corral mcp` are thin surfaces over this object.
 
 A store that cannot be written at all (`StoreHealth`) makes the service
 `failed`: health checks fail, new turns are refused, running ones get the
-shutdown grace, and then `exit_code` is 1 so the process exits and a
-supervisor restarts it.
+shutdown grace, and then `exit_code` is the exit status of its error
+(`storage_error`: 1) so the process exits and a supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ import anyio
 import httpx
 
 from .compiler.compiler import Compiler
+from .compiler.definitions import DefinitionSet
 from .compiler.lockfile import LockError, read_lock
 from .deployment.registry import Registry
+from .deployment.reports import SwapReport
 from .deployment.swaps import Swapper, check_locked
 from .deployment.vault import FileVault
 from .deployment.watcher import watch
@@ -99,29 +101,14 @@ async def open_service(settings: Settings) -> AsyncIterator[Service]:
     store.on_failure = health.suspect
     try:
         await _recover(store)
-        hub, metrics = EventHub(), Metrics()
         files = FileVault(settings.state_dir / "files")
         registry = Registry(definitions, store, files)
         await registry.persist(definitions)
         timeout = httpx.Timeout(60.0, connect=10.0)
         limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
         async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-            permissions = PermissionBroker(store, settings.permission_timeout_s)
-            mcp = _mcp_connections(definitions.root, settings.locked, hub, files)
-            secrets = Secrets(os.environ, settings.keys)
-            secrets.learn(d.spec for d in definitions)
-            runtime = Runtime(client, mcp=mcp, permissions=permissions, metrics=metrics, files=files,
-                              secrets=secrets)
-            conversations = Conversations(store, registry, runtime, hub, metrics,
-                                          idempotency_ttl_s=settings.idempotency_ttl_s,
-                                          max_turns=settings.max_concurrent_turns)
-            swapper = Swapper(compiler, registry, conversations.running_records, store, hub.publish_global,
-                              metrics, locked=settings.locked)
-            swapper.listeners.append(_mcp_follows_swaps(mcp, registry))
-            swapper.listeners.append(_secrets_follow_swaps(secrets, registry))
-            service = Service(settings, compiler, registry, store, runtime, hub, metrics, conversations,
-                              swapper, permissions, health)
-            health.on_recovered.append(conversations.runner.record_unrecorded)
+            service, mcp = _assemble(settings, compiler, definitions, store, health, registry, files, client)
+            conversations, swapper = service.conversations, service.swapper
             async with anyio.create_task_group() as tg:
                 await tg.start(health.run)
                 tg.start_soon(_stop_when_the_store_dies, service)
@@ -139,11 +126,34 @@ async def open_service(settings: Settings) -> AsyncIterator[Service]:
                     service.ready = False
                     with anyio.CancelScope(shield=True):
                         await conversations.drain(settings.shutdown_grace_s)
-                    hub.close_all()
+                    service.hub.close_all()
                     tg.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):
             await store.close()
+
+
+def _assemble(settings: Settings, compiler: Compiler, definitions: DefinitionSet, store: Store,
+              health: StoreHealth, registry: Registry, files: FileVault,
+              client: httpx.AsyncClient) -> tuple[Service, MCPConnections]:
+    """Every component of a running Corral, wired together (nothing started yet); and its MCP
+    connections, which the caller runs."""
+    hub, metrics = EventHub(), Metrics()
+    permissions = PermissionBroker(store, settings.permission_timeout_s)
+    mcp = _mcp_connections(definitions.root, settings.locked, hub, files)
+    secrets = Secrets(os.environ, settings.keys)
+    secrets.learn(d.spec for d in definitions)
+    runtime = Runtime(client, mcp=mcp, permissions=permissions, metrics=metrics, files=files, secrets=secrets)
+    conversations = Conversations(store, registry, runtime, hub, metrics,
+                                  idempotency_ttl_s=settings.idempotency_ttl_s,
+                                  max_turns=settings.max_concurrent_turns)
+    swapper = Swapper(compiler, registry, conversations.running_records, store, hub.publish_global,
+                      metrics, locked=settings.locked)
+    swapper.listeners.append(_mcp_follows_swaps(mcp, registry))
+    swapper.listeners.append(_secrets_follow_swaps(secrets, registry))
+    health.on_recovered.append(conversations.runner.record_unrecorded)
+    return Service(settings, compiler, registry, store, runtime, hub, metrics, conversations, swapper,
+                   permissions, health), mcp
 
 
 def _mcp_connections(root: Path, locked: bool, hub: EventHub, files: FileVault) -> MCPConnections:
@@ -166,7 +176,7 @@ def _mcp_connections(root: Path, locked: bool, hub: EventHub, files: FileVault) 
 def _mcp_follows_swaps(mcp: MCPConnections, registry: Registry):
     """After a swap: close connections to servers no longer defined; take the lock's new catalogs."""
 
-    async def on_swap(report: dict) -> None:
+    async def on_swap(report: SwapReport) -> None:
         current = registry.current
         mcp.retain({d.digest for d in current.of_kind("MCPServer")})
         try:
@@ -181,7 +191,7 @@ def _mcp_follows_swaps(mcp: MCPConnections, registry: Registry):
 def _secrets_follow_swaps(secrets: Secrets, registry: Registry):
     """After a swap: the new set's `${VAR}` values are redacted too (the old ones stay redacted)."""
 
-    async def on_swap(report: dict) -> None:
+    async def on_swap(report: SwapReport) -> None:
         secrets.learn(d.spec for d in registry.current)
 
     return on_swap
@@ -211,7 +221,8 @@ async def _stop_when_the_store_dies(service: Service) -> None:
     service.begin_shutdown()  # /healthz fails from now on; running turns get the grace
     await service.conversations.drain(service.settings.shutdown_grace_s)
     service.hub.close_all()
-    service.exit_code = 1
+    assert service.failed is not None  # the health check sets its error before `dead`
+    service.exit_code = service.failed.exit_status
 
 
 async def _drain_on_stop(service: Service) -> None:

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import corral_server, write_tree
+from tests.support.client import Conversation
+from tests.support.servers import corral_server
+from tests.support.trees import write_tree
+
+pytestmark = pytest.mark.anyio
 
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 UNKNOWN_DIGEST = "sha256:" + "0" * 64
@@ -63,12 +67,13 @@ def defs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return definitions(tmp_path_factory.mktemp("basics") / "defs")
 
 
+
 @pytest.fixture(scope="module")
-def client(defs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+async def client(defs: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[httpx.AsyncClient]:
     state = tmp_path_factory.mktemp("basics-state")
-    with corral_server(defs, state, max_body_bytes=1000) as url, \
-            httpx.Client(base_url=url, timeout=15, trust_env=False) as http:
-        yield http
+    with corral_server(defs, state, max_body_bytes=1000) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=15, trust_env=False) as http:
+            yield http
 
 
 def error_of(r: httpx.Response, status: int, code: str) -> dict[str, Any]:
@@ -81,24 +86,13 @@ def error_of(r: httpx.Response, status: int, code: str) -> dict[str, Any]:
     return error
 
 
-def create(client: httpx.Client, agent: str = "alpha", **fields: Any) -> dict[str, Any]:
-    r = client.post("/v1/conversations", json={"agent": agent, **fields})
-    assert r.status_code == 201, r.text
-    return r.json()
-
-
-def send(client: httpx.Client, cid: str, content: str) -> dict[str, Any]:
-    r = client.post(f"/v1/conversations/{cid}/messages", json={"content": content})
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def pages(client: httpx.Client, path: str, limit: int, **params: str) -> list[list[dict[str, Any]]]:
+async def pages(client: httpx.AsyncClient, path: str, limit: int,
+                **params: str) -> list[list[dict[str, Any]]]:
     """Every page of a list route, following `next_cursor` to the end."""
     out, cursor = [], None
     for _ in range(100):
         query = {"limit": str(limit), **params, **({"cursor": cursor} if cursor else {})}
-        r = client.get(path, params=query)
+        r = await client.get(path, params=query)
         assert r.status_code == 200, r.text
         body = r.json()
         assert set(body) == {"items", "next_cursor"}
@@ -112,9 +106,9 @@ def pages(client: httpx.Client, path: str, limit: int, **params: str) -> list[li
 # --- definitions and agents ----------------------------------------------------
 
 
-def test_definitions_of_the_repository(default_server: str) -> None:
-    with httpx.Client(base_url=default_server, trust_env=False) as client:
-        listing = client.get("/v1/definitions").json()
+async def test_definitions_of_the_repository(default_server: str) -> None:
+    async with httpx.AsyncClient(base_url=default_server, trust_env=False) as client:
+        listing = (await client.get("/v1/definitions")).json()
         assert set(listing) == {"digest", "definitions"} and DIGEST.match(listing["digest"])
         for d in listing["definitions"]:
             assert set(d) == {"kind", "name", "digest", "source"} and DIGEST.match(d["digest"])
@@ -123,44 +117,44 @@ def test_definitions_of_the_repository(default_server: str) -> None:
         assert by_name[("Agent", "assistant")]["source"] == {"file": "assistant.yaml", "line": 1}
         assert ("Model", "offline") in by_name and ("Skill", "haiku") in by_name
 
-        one = client.get("/v1/definitions/agent/assistant").json()
+        one = (await client.get("/v1/definitions/agent/assistant")).json()
         assert one["kind"] == "Agent" and one["name"] == "assistant"
         assert one["digest"] == by_name[("Agent", "assistant")]["digest"]
         assert one["spec"]["kind"] == "Agent" and one["spec"]["model"] == "offline"
         assert one["spec"]["on_busy"] == "reject" and one["spec"]["max_steps"] == 10  # defaults filled in
-        tool = client.get("/v1/definitions/tool/word_count").json()
+        tool = (await client.get("/v1/definitions/tool/word_count")).json()
         assert tool["kind"] == "Tool" and tool["spec"]["permission"] == "allow"
 
 
-def test_agents(client: httpx.Client) -> None:
-    listing = client.get("/v1/agents").json()
+async def test_agents(client: httpx.AsyncClient) -> None:
+    listing = (await client.get("/v1/agents")).json()
     assert listing["next_cursor"] is None
     assert [a["name"] for a in listing["items"]] == ["alpha", "beta", "gamma"]
     alpha = listing["items"][0]
     assert alpha["description"] == "The first agent." and alpha["model"] == "offline"
     assert alpha["tools"] == ["upper"] and DIGEST.match(alpha["digest"])
-    assert client.get("/v1/agents/alpha").json() == alpha
-    assert client.get(f"/v1/agents/alpha@{alpha['digest']}").json() == alpha
-    assert [[a["name"] for a in page] for page in pages(client, "/v1/agents", 2)] == [["alpha", "beta"],
-                                                                                     ["gamma"]]
-    error_of(client.get("/v1/agents/nope"), 404, "agent_not_found")
-    error_of(client.get(f"/v1/agents/alpha@{UNKNOWN_DIGEST}"), 404, "digest_not_found")
-    error_of(client.get(f"/v1/agents/beta@{alpha['digest']}"), 404, "digest_not_found")
-    error_of(client.get("/v1/definitions/agent/nope"), 404, "not_found")
-    error_of(client.get("/v1/definitions/widget/alpha"), 400, "invalid_request")
+    assert (await client.get("/v1/agents/alpha")).json() == alpha
+    assert (await client.get(f"/v1/agents/alpha@{alpha['digest']}")).json() == alpha
+    assert [[a["name"] for a in page] for page in await pages(client, "/v1/agents", 2)] == [["alpha", "beta"],
+                                                                                           ["gamma"]]
+    error_of(await client.get("/v1/agents/nope"), 404, "agent_not_found")
+    error_of(await client.get(f"/v1/agents/alpha@{UNKNOWN_DIGEST}"), 404, "digest_not_found")
+    error_of(await client.get(f"/v1/agents/beta@{alpha['digest']}"), 404, "digest_not_found")
+    error_of(await client.get("/v1/definitions/agent/nope"), 404, "not_found")
+    error_of(await client.get("/v1/definitions/widget/alpha"), 400, "invalid_request")
 
 
 # --- health and metrics ---------------------------------------------------------
 
 
-def test_health_and_metrics(default_server: str) -> None:
-    with httpx.Client(base_url=default_server, timeout=15, trust_env=False) as client:
-        assert client.get("/healthz").json() == {"status": "ok"}
-        ready = client.get("/readyz")
+async def test_health_and_metrics(default_server: str) -> None:
+    async with httpx.AsyncClient(base_url=default_server, timeout=15, trust_env=False) as client:
+        assert (await client.get("/healthz")).json() == {"status": "ok"}
+        ready = await client.get("/readyz")
         assert ready.status_code == 200 and ready.json()["status"] == "ready"
-        cid = create(client, "assistant")["id"]
-        assert send(client, cid, "count words in one two three")["output"] == "Word count: 3"
-        metrics = client.get("/metrics")
+        conversation = await Conversation.create(client, "assistant")
+        assert (await conversation.say("count words in one two three"))["output"] == "Word count: 3"
+        metrics = await client.get("/metrics")
     assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
     text = metrics.text
     assert 'corral_turns_total{agent="assistant",outcome="completed"} 1\n' in text
@@ -172,8 +166,8 @@ def test_health_and_metrics(default_server: str) -> None:
         assert f"# TYPE {name} counter" in text
 
 
-def test_openapi_document(client: httpx.Client) -> None:
-    document = client.get("/openapi.json").json()
+async def test_openapi_document(client: httpx.AsyncClient) -> None:
+    document = (await client.get("/openapi.json")).json()
     assert document["openapi"].startswith("3.")
     for path in ("/v1/conversations", "/v1/conversations/{id}/messages", "/v1/agents", "/v1/definitions"):
         assert path in document["paths"], path
@@ -182,57 +176,60 @@ def test_openapi_document(client: httpx.Client) -> None:
 # --- conversations ----------------------------------------------------------------
 
 
-def test_conversation_crud(client: httpx.Client) -> None:
-    digest = client.get("/v1/agents/alpha").json()["digest"]
-    created = create(client, title="Notes", metadata={"team": "blue"})
+async def test_conversation_crud(client: httpx.AsyncClient) -> None:
+    digest = (await client.get("/v1/agents/alpha")).json()["digest"]
+    conversation = await Conversation.create(client, "alpha", title="Notes", metadata={"team": "blue"})
+    created = conversation.created
     assert created["id"].startswith("conv_") and created["agent"] == "alpha"
     assert created["digest"] == digest and created["status"] == "idle"
     cid = created["id"]
-    read = client.get(f"/v1/conversations/{cid}").json()
+    read = (await client.get(f"/v1/conversations/{cid}")).json()
     assert read["title"] == "Notes" and read["metadata"] == {"team": "blue"} and read["turns"] == []
-    answer = send(client, cid, "upper quiet words")
+    answer = await conversation.say("upper quiet words")
     assert answer["output"] == "upper: QUIET WORDS" and answer["digest"] == digest
-    assert client.get(f"/v1/conversations/{cid}").json()["turns"] == [
+    assert (await client.get(f"/v1/conversations/{cid}")).json()["turns"] == [
         {"id": answer["turn_id"], "digest": digest, "status": "completed"}]
 
-    assert client.delete(f"/v1/conversations/{cid}").status_code == 204
-    error_of(client.get(f"/v1/conversations/{cid}"), 404, "conversation_not_found")
+    assert (await client.delete(f"/v1/conversations/{cid}")).status_code == 204
+    error_of(await client.get(f"/v1/conversations/{cid}"), 404, "conversation_not_found")
     for path in ("", "/messages", "/turns", "/events"):
-        error_of(client.get(f"/v1/conversations/{cid}{path}"), 404, "conversation_not_found")
-    error_of(client.post(f"/v1/conversations/{cid}/messages", json={"content": "hi"}), 404,
+        error_of(await client.get(f"/v1/conversations/{cid}{path}"), 404, "conversation_not_found")
+    error_of(await client.post(f"/v1/conversations/{cid}/messages", json={"content": "hi"}), 404,
              "conversation_not_found")
-    error_of(client.delete(f"/v1/conversations/{cid}"), 404, "conversation_not_found")
+    error_of(await client.delete(f"/v1/conversations/{cid}"), 404, "conversation_not_found")
 
 
-def test_conversation_pages_and_filters(client: httpx.Client) -> None:
-    made = [create(client, "gamma")["id"] for _ in range(5)]
-    walked = pages(client, "/v1/conversations", 2, agent="gamma")
+async def test_conversation_pages_and_filters(client: httpx.AsyncClient) -> None:
+    made = [(await Conversation.create(client, "gamma")).id for _ in range(5)]
+    walked = await pages(client, "/v1/conversations", 2, agent="gamma")
     assert [len(p) for p in walked] == [2, 2, 1]
     assert [c["id"] for p in walked for c in p] == made[::-1]  # newest first, no gaps, no repeats
     assert all(c["agent"] == "gamma" for p in walked for c in p)
 
-    digest = client.get("/v1/agents/gamma").json()["digest"]
-    by_digest = [c["id"] for p in pages(client, "/v1/conversations", 3, digest=digest) for c in p]
+    digest = (await client.get("/v1/agents/gamma")).json()["digest"]
+    by_digest = [c["id"] for p in await pages(client, "/v1/conversations", 3, digest=digest) for c in p]
     assert by_digest == made[::-1]
-    idle = [c["id"] for p in pages(client, "/v1/conversations", 50, agent="gamma", status="idle") for c in p]
+    idle = [c["id"] for p in await pages(client, "/v1/conversations", 50, agent="gamma", status="idle")
+            for c in p]
     assert idle == made[::-1]
-    assert client.get("/v1/conversations", params={"agent": "gamma", "status": "busy"}).json()["items"] == []
+    busy = await client.get("/v1/conversations", params={"agent": "gamma", "status": "busy"})
+    assert busy.json()["items"] == []
 
     # a page boundary whose conversation is deleted meanwhile still leads on
-    first = client.get("/v1/conversations", params={"agent": "gamma", "limit": 2}).json()
-    assert client.delete(f"/v1/conversations/{first['items'][-1]['id']}").status_code == 204
-    rest = client.get("/v1/conversations", params={"agent": "gamma", "limit": 50,
-                                                   "cursor": first["next_cursor"]}).json()
+    first = (await client.get("/v1/conversations", params={"agent": "gamma", "limit": 2})).json()
+    assert (await client.delete(f"/v1/conversations/{first['items'][-1]['id']}")).status_code == 204
+    rest = (await client.get("/v1/conversations", params={"agent": "gamma", "limit": 50,
+                                                          "cursor": first["next_cursor"]})).json()
     assert [c["id"] for c in rest["items"]] == made[:3][::-1]
 
 
-def test_message_and_turn_pages(client: httpx.Client) -> None:
-    cid = create(client, "beta")["id"]
-    answers = [send(client, cid, f"message {n}") for n in range(3)]
-    messages = [m for p in pages(client, f"/v1/conversations/{cid}/messages", 4) for m in p]
+async def test_message_and_turn_pages(client: httpx.AsyncClient) -> None:
+    conversation = await Conversation.create(client, "beta")
+    answers = [await conversation.say(f"message {n}") for n in range(3)]
+    messages = [m for p in await pages(client, f"{conversation.path}/messages", 4) for m in p]
     assert [m["content"] for m in messages] == [x for n in range(3) for x in (f"message {n}",
                                                                              f"echo: message {n}")]
-    turns = [t for p in pages(client, f"/v1/conversations/{cid}/turns", 2) for t in p]
+    turns = [t for p in await pages(client, f"{conversation.path}/turns", 2) for t in p]
     assert [t["id"] for t in turns] == [a["turn_id"] for a in answers]
 
 
@@ -244,8 +241,8 @@ def test_message_and_turn_pages(client: httpx.Client) -> None:
     b'{"agent": 5}', b'{"agent": "alpha", "title": ["x"]}', b'{"agent": "alpha", "metadata": "x"}',
     b'{"agent": "alpha", "colour": "red"}', b'{"agent": ""}', b"{}",
 ])
-def test_bad_conversation_bodies(client: httpx.Client, body: bytes) -> None:
-    r = client.post("/v1/conversations", content=body, headers={"content-type": "application/json"})
+async def test_bad_conversation_bodies(client: httpx.AsyncClient, body: bytes) -> None:
+    r = await client.post("/v1/conversations", content=body, headers={"content-type": "application/json"})
     error_of(r, 400, "invalid_request")
 
 
@@ -253,89 +250,92 @@ def test_bad_conversation_bodies(client: httpx.Client, body: bytes) -> None:
     {"content": 5}, {"content": ""}, {}, {"content": "hi", "if_busy": "later"},
     {"content": "hi", "stream": [True]}, {"content": "hi", "extra": 1},
 ])
-def test_bad_message_bodies(client: httpx.Client, body: dict[str, Any]) -> None:
-    cid = create(client)["id"]
-    error_of(client.post(f"/v1/conversations/{cid}/messages", json=body), 400, "invalid_request")
-    assert client.get(f"/v1/conversations/{cid}/turns").json()["items"] == []
+async def test_bad_message_bodies(client: httpx.AsyncClient, body: dict[str, Any]) -> None:
+    conversation = await Conversation.create(client, "alpha")
+    error_of(await client.post(f"{conversation.path}/messages", json=body), 400, "invalid_request")
+    assert (await client.get(f"{conversation.path}/turns")).json()["items"] == []
 
 
-def test_unknown_names(client: httpx.Client) -> None:
-    error_of(client.get("/v1/nowhere"), 404, "not_found")
-    error_of(client.delete("/v1/agents"), 405, "method_not_allowed")
-    error_of(client.post("/v1/conversations", json={"agent": "nope"}), 404, "agent_not_found")
-    error_of(client.post("/v1/conversations", json={"agent": f"alpha@{UNKNOWN_DIGEST}"}), 404,
+async def test_unknown_names(client: httpx.AsyncClient) -> None:
+    error_of(await client.get("/v1/nowhere"), 404, "not_found")
+    error_of(await client.delete("/v1/agents"), 405, "method_not_allowed")
+    error_of(await client.post("/v1/conversations", json={"agent": "nope"}), 404, "agent_not_found")
+    error_of(await client.post("/v1/conversations", json={"agent": f"alpha@{UNKNOWN_DIGEST}"}), 404,
              "digest_not_found")
-    error_of(client.get("/v1/conversations/conv_nope"), 404, "conversation_not_found")
+    error_of(await client.get("/v1/conversations/conv_nope"), 404, "conversation_not_found")
 
 
-def test_oversized_bodies(client: httpx.Client) -> None:
+async def test_oversized_bodies(client: httpx.AsyncClient) -> None:
     big = {"agent": "alpha", "title": "x" * 2000}
-    error_of(client.post("/v1/conversations", json=big), 413, "payload_too_large")
+    error_of(await client.post("/v1/conversations", json=big), 413, "payload_too_large")
 
-    def chunks() -> Iterator[bytes]:  # no Content-Length: the limit must hold while reading
+    async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: the limit must hold while reading
         yield b'{"agent": "alpha", "title": "'
         yield b"x" * 2000
         yield b'"}'
 
-    error_of(client.post("/v1/conversations", content=chunks(), headers={"Content-Type": "application/json"}),
-             413, "payload_too_large")
-    cid = create(client)["id"]
-    r = client.post(f"/v1/conversations/{cid}/messages", json={"content": "y" * 2000})
-    error_of(r, 413, "payload_too_large")
+    error_of(await client.post("/v1/conversations", content=chunks(),
+                               headers={"Content-Type": "application/json"}), 413, "payload_too_large")
+    conversation = await Conversation.create(client, "alpha")
+    error_of(await conversation.send("y" * 2000), 413, "payload_too_large")
 
 
 @pytest.mark.parametrize("query", [
     {"limit": "0"}, {"limit": "-1"}, {"limit": "ten"}, {"limit": "100000"},
     {"cursor": "%%%"}, {"cursor": "!!!"}, {"cursor": "zzzz"}, {"status": "sleeping"},
 ])
-def test_bad_list_parameters(client: httpx.Client, query: dict[str, str]) -> None:
-    error_of(client.get("/v1/conversations", params=query), 400, "invalid_request")
+async def test_bad_list_parameters(client: httpx.AsyncClient, query: dict[str, str]) -> None:
+    error_of(await client.get("/v1/conversations", params=query), 400, "invalid_request")
 
 
-def test_bad_event_and_message_cursors(client: httpx.Client) -> None:
-    cid = create(client)["id"]
-    error_of(client.get(f"/v1/conversations/{cid}/events", headers={"Last-Event-ID": "abc"}), 400,
+async def test_bad_event_and_message_cursors(client: httpx.AsyncClient) -> None:
+    conversation = await Conversation.create(client, "alpha")
+    error_of(await client.get(f"{conversation.path}/events", headers={"Last-Event-ID": "abc"}), 400,
              "invalid_request")
     not_a_number = base64.urlsafe_b64encode(b"abc").decode()
-    error_of(client.get(f"/v1/conversations/{cid}/messages", params={"cursor": not_a_number}), 400,
+    error_of(await client.get(f"{conversation.path}/messages", params={"cursor": not_a_number}), 400,
              "invalid_request")
 
 
 # --- restart and API keys -------------------------------------------------------------
 
 
-def test_restart_keeps_everything(defs: Path, tmp_path: Path) -> None:
+async def test_restart_keeps_everything(defs: Path, tmp_path: Path) -> None:
     state = tmp_path / "state"
-    with corral_server(defs, state) as url, httpx.Client(base_url=url, timeout=15, trust_env=False) as c:
-        cid = create(c)["id"]
-        first = send(c, cid, "upper before the restart")
-        tails = ("", "/messages", "/turns")
-        before = {tail: c.get(f"/v1/conversations/{cid}{tail}").json() for tail in tails}
-        listed = c.get("/v1/conversations").json()
-    with corral_server(defs, state) as url, httpx.Client(base_url=url, timeout=15, trust_env=False) as c:
-        for tail, body in before.items():
-            assert c.get(f"/v1/conversations/{cid}{tail}").json() == body
-        assert c.get("/v1/conversations").json() == listed
-        second = send(c, cid, "upper after it")
-        assert second["status"] == "completed" and second["output"] == "upper: AFTER IT"
-        turns = c.get(f"/v1/conversations/{cid}/turns").json()["items"]
-        assert [t["id"] for t in turns] == [first["turn_id"], second["turn_id"]]
-        messages = c.get(f"/v1/conversations/{cid}/messages").json()["items"]
-        assert [m["seq"] for m in messages] == list(range(1, 9))
+    with corral_server(defs, state) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=15, trust_env=False) as c:
+            conversation = await Conversation.create(c, "alpha")
+            cid = conversation.id
+            first = await conversation.say("upper before the restart")
+            tails = ("", "/messages", "/turns")
+            before = {tail: (await c.get(f"/v1/conversations/{cid}{tail}")).json() for tail in tails}
+            listed = (await c.get("/v1/conversations")).json()
+    with corral_server(defs, state) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=15, trust_env=False) as c:
+            for tail, body in before.items():
+                assert (await c.get(f"/v1/conversations/{cid}{tail}")).json() == body
+            assert (await c.get("/v1/conversations")).json() == listed
+            second = await conversation.through(c).say("upper after it")
+            assert second["status"] == "completed" and second["output"] == "upper: AFTER IT"
+            turns = (await c.get(f"/v1/conversations/{cid}/turns")).json()["items"]
+            assert [t["id"] for t in turns] == [first["turn_id"], second["turn_id"]]
+            messages = (await c.get(f"/v1/conversations/{cid}/messages")).json()["items"]
+            assert [m["seq"] for m in messages] == list(range(1, 9))
 
 
-def test_api_keys(defs: Path, tmp_path: Path) -> None:
-    with corral_server(defs, tmp_path / "state", api_keys="k1, k2") as url, \
-            httpx.Client(base_url=url, timeout=15, trust_env=False) as c:
-        assert c.get("/healthz").status_code == 200
-        for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic k1"},
-                        {"Authorization": "Bearer k1k2"}, {"Authorization": "Bearer"}):
-            for path in ("/v1/agents", "/readyz", "/metrics", "/v1/conversations/conv_x"):
-                r = c.get(path, headers=headers)
-                error_of(r, 401, "unauthorized")
-        error_of(c.post("/v1/conversations", json={"agent": "alpha"}), 401, "unauthorized")
-        for key in ("k1", "k2"):
-            r = c.get("/v1/agents", headers={"Authorization": f"Bearer {key}"})
-            assert r.status_code == 200 and r.json()["items"]
-        r = c.post("/v1/conversations", json={"agent": "alpha"}, headers={"Authorization": "Bearer k2"})
-        assert r.status_code == 201
+async def test_api_keys(defs: Path, tmp_path: Path) -> None:
+    with corral_server(defs, tmp_path / "state", api_keys="k1, k2") as url:
+        async with httpx.AsyncClient(base_url=url, timeout=15, trust_env=False) as c:
+            assert (await c.get("/healthz")).status_code == 200
+            for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic k1"},
+                            {"Authorization": "Bearer k1k2"}, {"Authorization": "Bearer"}):
+                for path in ("/v1/agents", "/readyz", "/metrics", "/v1/conversations/conv_x"):
+                    r = await c.get(path, headers=headers)
+                    error_of(r, 401, "unauthorized")
+            error_of(await c.post("/v1/conversations", json={"agent": "alpha"}), 401, "unauthorized")
+            for key in ("k1", "k2"):
+                r = await c.get("/v1/agents", headers={"Authorization": f"Bearer {key}"})
+                assert r.status_code == 200 and r.json()["items"]
+            r = await c.post("/v1/conversations", json={"agent": "alpha"},
+                             headers={"Authorization": "Bearer k2"})
+            assert r.status_code == 201

@@ -1,6 +1,6 @@
 """A conversation runs one turn at a time: reject, enqueue, interrupt, and idempotent retries.
 
-The first turn of each case waits at a gate (see `tests.live`) that the test
+The first turn of each case waits at a gate (see `tests.support.trees`) that the test
 opens when it is done looking, so "busy" never depends on timing.
 """
 
@@ -9,14 +9,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import anyio
 import httpx
 import pytest
 
-from tests.conftest import corral_server
-from tests.live import ended, gated_definitions, named, open_gate, read_events, sse
+from tests.support.client import Conversation
+from tests.support.events import ended
+from tests.support.servers import corral_server
+from tests.support.trees import gated_definitions, open_gate
 
 pytestmark = pytest.mark.anyio
 
@@ -34,36 +35,10 @@ async def client(base_url: str) -> AsyncIterator[httpx.AsyncClient]:
         yield http
 
 
-class Conversation:
-    """One conversation, and the replies to the messages sent in it, in the order they came back."""
-
-    def __init__(self, client: httpx.AsyncClient, conversation_id: str):
-        self.client = client
-        self.id = conversation_id
-        self.replies: list[httpx.Response] = []
-
-    async def send(self, content: str, *, key: str | None = None, **fields: Any) -> httpx.Response:
-        headers = {"Idempotency-Key": key} if key else {}
-        reply = await self.client.post(f"/v1/conversations/{self.id}/messages",
-                                       json={"content": content, **fields}, headers=headers)
-        self.replies.append(reply)
-        return reply
-
-    async def started(self) -> str:
-        """The id of the first turn to reach the gate (waiting for it to get there)."""
-        events = await read_events(self.client, self.id, named("tool.started"))
-        return next(e.data["turn_id"] for e in events if e.name == "turn.started")
-
-    async def turns(self) -> list[dict[str, Any]]:
-        return (await self.client.get(f"/v1/conversations/{self.id}/turns")).json()["items"]
-
-
 @pytest.fixture
 def conversation_of(client: httpx.AsyncClient):
     async def create(agent: str = "gated") -> Conversation:
-        r = await client.post("/v1/conversations", json={"agent": agent})
-        assert r.status_code == 201, r.text
-        return Conversation(client, r.json()["id"])
+        return await Conversation.create(client, agent)
 
     return create
 
@@ -82,7 +57,7 @@ async def test_reject_answers_409_naming_the_running_turn(conversation_of, tmp_p
         async with anyio.create_task_group() as tg:
             tg.start_soon(c.send, f"wait {gate}")
             turn_id = await c.started()
-            assert (await c.client.get(f"/v1/conversations/{c.id}")).json()["status"] == "busy"
+            assert (await c.get())["status"] == "busy"
             listed = await c.client.get("/v1/conversations", params={"status": "busy", "agent": "gated"})
             assert c.id in [item["id"] for item in listed.json()["items"]]
             assert busy_turn_id(await c.client.delete(f"/v1/conversations/{c.id}")) == turn_id
@@ -146,7 +121,7 @@ async def test_enqueue_runs_both_in_order(conversation_of, tmp_path: Path, agent
     assert {r.json()["turn_id"] for r in c.replies} == {t["id"] for t in turns}
     assert [t["status"] for t in turns] == ["completed", "completed"]
     assert turns[0]["id"] == first and turns[0]["ended_at"] <= turns[1]["started_at"]
-    events = await read_events(c.client, c.id, ended(turns[1]["id"]))
+    events = await c.events(ended(turns[1]["id"]))
     starts_and_ends = [(e.name, e.data["turn_id"]) for e in events if e.name.startswith("turn.")]
     assert starts_and_ends == [("turn.started", first), ("turn.completed", first),
                                ("turn.started", turns[1]["id"]), ("turn.completed", turns[1]["id"])]
@@ -166,7 +141,7 @@ async def test_interrupt_policy_cancels_the_running_turn(conversation_of, tmp_pa
     turns = await c.turns()
     assert [(t["id"], t["status"]) for t in turns] == [(first, "cancelled"), (second.json()["turn_id"],
                                                                              "completed")]
-    events = await read_events(c.client, c.id, ended(second.json()["turn_id"]))
+    events = await c.events(ended(second.json()["turn_id"]))
     assert [e.data["turn_id"] for e in events if e.name == "turn.cancelled"] == [first]
 
 
@@ -180,7 +155,7 @@ async def test_interrupt_route_cancels_the_running_turn(conversation_of, tmp_pat
             turn_id = await c.started()
             r = await c.client.post(f"/v1/conversations/{c.id}/interrupt")
             assert r.status_code == 200 and r.json() == {"interrupted": True, "turn_id": turn_id}
-        events = await read_events(c.client, c.id, ended(turn_id))
+        events = await c.events(ended(turn_id))
         assert events[-1].name == "turn.cancelled"
         assert c.replies[0].json()["status"] == "cancelled"
         again = await c.send("hello")  # the conversation is free again
@@ -213,12 +188,9 @@ async def test_idempotent_retry_while_the_turn_runs_waits_for_it(conversation_of
             turn_id = await c.started()
             tg.start_soon(partial(c.send, f"wait {gate}", key="k"))  # a retry is no second message: no 409
             # A streamed retry shows it joined the running turn: its turn.started arrives before the end.
-            body, headers = {"content": f"wait {gate}", "stream": True}, {"Idempotency-Key": "k"}
-            async with c.client.stream("POST", f"/v1/conversations/{c.id}/messages", json=body,
-                                       headers=headers) as r:
-                assert r.status_code == 200
+            async with c.streaming(f"wait {gate}", key="k") as events:
                 streamed = []
-                async for event in sse(r):
+                async for event in events:
                     streamed.append(event)
                     if event.name == "turn.started":
                         open_gate(gate)
@@ -268,7 +240,7 @@ async def test_interrupt_cancels_every_turn_queued_before_it(conversation_of, tm
     assert sorted(t["status"] for t in turns) == ["cancelled"] * 3 + ["completed"]
     assert {t["id"] for t in turns} == {r.json()["turn_id"] for r in c.replies}
     last = c.replies[-1].json()["turn_id"]
-    events = await read_events(c.client, c.id, ended(last))
+    events = await c.events(ended(last))
     for turn in turns:  # every turn, even one that never ran, starts and ends once in the event log
         ends = [e.name for e in events if e.name.startswith("turn.") and e.data["turn_id"] == turn["id"]]
         assert ends == ["turn.started", "turn." + turn["status"]], (turn, ends)

@@ -18,9 +18,11 @@ import anyio
 import httpx
 import pytest
 
-from tests.conftest import corral_server, write_tree
 from tests.fakes import Call, FakeAnthropic, FakeOpenAI, Malformed, Reply, Stall, Status, serve
-from tests.live import ended, read_events, sse
+from tests.support.client import Conversation, talk
+from tests.support.events import ended
+from tests.support.servers import corral_server
+from tests.support.trees import write_tree
 
 pytestmark = pytest.mark.anyio
 
@@ -103,24 +105,7 @@ async def client(base_url: str, fakes: Fakes) -> AsyncIterator[httpx.AsyncClient
     assert fakes.openai.pending == fakes.anthropic.pending == 0, "a scripted scenario was never asked for"
 
 
-async def run_turn(client: httpx.AsyncClient, agent: str, content: str) -> tuple[str, dict[str, Any]]:
-    """A new conversation with `agent`, one message; its id and the turn's answer."""
-    created = await client.post("/v1/conversations", json={"agent": agent})
-    assert created.status_code == 201, created.text
-    cid = created.json()["id"]
-    with anyio.fail_after(15):
-        reply = await client.post(f"/v1/conversations/{cid}/messages", json={"content": content})
-    assert reply.status_code == 200, reply.text
-    return cid, reply.json()
-
-
-async def get_items(client: httpx.AsyncClient, path: str) -> list[dict[str, Any]]:
-    r = await client.get(path)
-    assert r.status_code == 200, r.text
-    return r.json()["items"]
-
-
-async def check_tool_turn(client: httpx.AsyncClient, cid: str, answer: dict[str, Any], output: str,
+async def check_tool_turn(conversation: Conversation, answer: dict[str, Any], output: str,
                           usage: dict[str, int] | None) -> None:
     """The answer, transcript and turn record of a turn that called `shout` once."""
     assert answer["status"] == "completed" and answer["output"] == output
@@ -130,22 +115,22 @@ async def check_tool_turn(client: httpx.AsyncClient, cid: str, answer: dict[str,
     assert call["name"] == "shout" and call["arguments"] == {"text": "hello world"}
     assert answer["messages"][2]["content"] == "HELLO WORLD\n"
     assert answer["messages"][2]["tool_call_id"] == call["id"]
-    transcript = await get_items(client, f"/v1/conversations/{cid}/messages")
+    transcript = await conversation.messages()
     assert [{k: m[k] for k in answer["messages"][i]} for i, m in enumerate(transcript)] == answer["messages"]
-    conversation = (await client.get(f"/v1/conversations/{cid}")).json()
-    [turn] = await get_items(client, f"/v1/conversations/{cid}/turns")
+    record = await conversation.get()
+    [turn] = await conversation.turns()
     assert turn["id"] == answer["turn_id"] and turn["status"] == "completed"
-    assert turn["digest"] == answer["digest"] == conversation["digest"]
+    assert turn["digest"] == answer["digest"] == record["digest"]
     assert turn["stop_reason"] == "end_turn" and turn["started_at"] <= turn["ended_at"]
     if usage is not None:
         assert turn["usage"] == usage
-    assert conversation["turns"] == [{"id": turn["id"], "digest": turn["digest"], "status": "completed"}]
+    assert record["turns"] == [{"id": turn["id"], "digest": turn["digest"], "status": "completed"}]
 
 
 async def test_openai_turn_with_a_tool_call(client: httpx.AsyncClient, fakes: Fakes) -> None:
     fakes.openai.script(*TOOL_TURN)
-    cid, answer = await run_turn(client, "via_openai", "make it loud")
-    await check_tool_turn(client, cid, answer, "It said HELLO WORLD", TOOL_TURN_USAGE)
+    conversation, answer = await talk(client, "via_openai", "make it loud")
+    await check_tool_turn(conversation, answer, "It said HELLO WORLD", TOOL_TURN_USAGE)
 
     first, second = (r.body for r in fakes.openai.requests)
     assert first["model"] == "gpt-fake" and first["stream"] is True
@@ -159,8 +144,8 @@ async def test_openai_turn_with_a_tool_call(client: httpx.AsyncClient, fakes: Fa
 
 async def test_anthropic_turn_with_a_tool_call(client: httpx.AsyncClient, fakes: Fakes) -> None:
     fakes.anthropic.script(*TOOL_TURN)
-    cid, answer = await run_turn(client, "via_anthropic", "make it loud")
-    await check_tool_turn(client, cid, answer, "It said HELLO WORLD", TOOL_TURN_USAGE)
+    conversation, answer = await talk(client, "via_anthropic", "make it loud")
+    await check_tool_turn(conversation, answer, "It said HELLO WORLD", TOOL_TURN_USAGE)
 
     first, second = (r.body for r in fakes.anthropic.requests)
     assert first["model"] == "claude-fake" and first["system"] == "Be brief."
@@ -173,19 +158,19 @@ async def test_anthropic_turn_with_a_tool_call(client: httpx.AsyncClient, fakes:
 
 
 async def test_scripted_turn_with_a_tool_call(client: httpx.AsyncClient) -> None:
-    cid, answer = await run_turn(client, "via_scripted", "shout hello world")
-    await check_tool_turn(client, cid, answer, "The tool said HELLO WORLD", None)
-    [turn] = await get_items(client, f"/v1/conversations/{cid}/turns")
+    conversation, answer = await talk(client, "via_scripted", "shout hello world")
+    await check_tool_turn(conversation, answer, "The tool said HELLO WORLD", None)
+    [turn] = await conversation.turns()
     assert turn["usage"]["input_tokens"] > 0 and turn["usage"]["output_tokens"] > 0
 
 
-async def failure(client: httpx.AsyncClient, cid: str, answer: dict[str, Any]) -> dict[str, Any]:
+async def failure(conversation: Conversation, answer: dict[str, Any]) -> dict[str, Any]:
     """The error of a failed turn, checked to be the same in the answer, the turn and its event."""
     assert answer["status"] == "failed" and answer["output"] is None
-    [turn] = await get_items(client, f"/v1/conversations/{cid}/turns")
+    [turn] = await conversation.turns()
     assert turn["status"] == "failed"
     with anyio.fail_after(10):
-        events = await read_events(client, cid, ended(answer["turn_id"]))
+        events = await conversation.events(ended(answer["turn_id"]))
     assert events[-1].name == "turn.failed"
     error = events[-1].data["error"]
     assert answer["error"] == turn["error"] == error
@@ -197,7 +182,7 @@ async def failure(client: httpx.AsyncClient, cid: str, answer: dict[str, Any]) -
 async def test_429_with_retry_after_then_success(client: httpx.AsyncClient, fakes: Fakes) -> None:
     fakes.openai.script(Status(429, retry_after="1", error_type="rate_limit_error"), Reply(text="made it"))
     started = time.monotonic()
-    _, answer = await run_turn(client, "via_openai", "hi")
+    _, answer = await talk(client, "via_openai", "hi")
     assert answer["status"] == "completed" and answer["output"] == "made it"
     assert time.monotonic() - started >= 0.9  # Retry-After was honoured
     assert len(fakes.openai.requests) == 2
@@ -205,15 +190,15 @@ async def test_429_with_retry_after_then_success(client: httpx.AsyncClient, fake
 
 async def test_500_then_success(client: httpx.AsyncClient, fakes: Fakes) -> None:
     fakes.anthropic.script(Status(500, error_type="api_error"), Reply(text="made it"))
-    _, answer = await run_turn(client, "via_anthropic", "hi")
+    _, answer = await talk(client, "via_anthropic", "hi")
     assert answer["status"] == "completed" and answer["output"] == "made it"
     assert len(fakes.anthropic.requests) == 2
 
 
 async def test_persistent_500_fails_the_turn(client: httpx.AsyncClient, fakes: Fakes) -> None:
     fakes.openai.script(*[Status(500)] * 3)
-    cid, answer = await run_turn(client, "via_openai", "hi")
-    error = await failure(client, cid, answer)
+    conversation, answer = await talk(client, "via_openai", "hi")
+    error = await failure(conversation, answer)
     assert error["code"] == "model_error"
     assert len(fakes.openai.requests) == 3  # the first attempt and the default 2 retries
     assert "do not quote this body" not in json.dumps(error)
@@ -221,12 +206,9 @@ async def test_persistent_500_fails_the_turn(client: httpx.AsyncClient, fakes: F
 
 async def test_streamed_failure_ends_with_turn_failed(client: httpx.AsyncClient, fakes: Fakes) -> None:
     fakes.openai.script(Status(500))
-    cid = (await client.post("/v1/conversations", json={"agent": "impatient"})).json()["id"]
-    body = {"content": "hi", "stream": True}
+    conversation = await Conversation.create(client, "impatient")
     with anyio.fail_after(15):
-        async with client.stream("POST", f"/v1/conversations/{cid}/messages", json=body) as r:
-            assert r.status_code == 200
-            events = [e async for e in sse(r)]
+        events = await conversation.stream("hi")
     assert [e.name for e in events] == ["turn.started", "turn.failed"]
     assert events[-1].data["turn_id"] == events[0].data["turn_id"]
     assert events[-1].data["error"]["code"] == "model_error"
@@ -235,46 +217,46 @@ async def test_streamed_failure_ends_with_turn_failed(client: httpx.AsyncClient,
 async def test_stalled_stream_times_out(client: httpx.AsyncClient, fakes: Fakes) -> None:
     fakes.openai.script(Stall(text="partial"))
     started = time.monotonic()
-    cid, answer = await run_turn(client, "impatient", "hi")
+    conversation, answer = await talk(client, "impatient", "hi")
     assert time.monotonic() - started < 10  # the fake would stall for 30 s
-    assert (await failure(client, cid, answer))["code"] == "model_error"
+    assert (await failure(conversation, answer))["code"] == "model_error"
 
 
 async def test_malformed_chunk_before_any_output_is_retried(client: httpx.AsyncClient, fakes: Fakes) -> None:
     fakes.openai.script(Malformed(), Reply(text="made it"))
-    _, answer = await run_turn(client, "via_openai", "hi")
+    _, answer = await talk(client, "via_openai", "hi")
     assert answer["status"] == "completed" and answer["output"] == "made it"
 
 
 async def test_malformed_chunk_after_output_fails_the_turn(client: httpx.AsyncClient, fakes: Fakes) -> None:
     fakes.openai.script(Malformed(text="some text"))
-    cid, answer = await run_turn(client, "impatient", "hi")
-    assert (await failure(client, cid, answer))["code"] == "model_error"
+    conversation, answer = await talk(client, "impatient", "hi")
+    assert (await failure(conversation, answer))["code"] == "model_error"
 
 
 async def test_fallback_to_the_second_model(client: httpx.AsyncClient, fakes: Fakes) -> None:
     fakes.openai.script(Status(503))
     fakes.anthropic.script(Reply(text="the fallback answered"))
-    cid, answer = await run_turn(client, "with_fallback", "hi")
+    conversation, answer = await talk(client, "with_fallback", "hi")
     assert answer["status"] == "completed" and answer["output"] == "the fallback answered"
     assert [r.body["model"] for r in fakes.openai.requests] == ["gpt-primary"]
     assert [r.body["model"] for r in fakes.anthropic.requests] == ["claude-fake"]
-    [turn] = await get_items(client, f"/v1/conversations/{cid}/turns")
+    [turn] = await conversation.turns()
     assert turn["status"] == "completed"
 
 
 async def test_api_keys_never_reach_a_response(client: httpx.AsyncClient, fakes: Fakes) -> None:
     fakes.openai.script(Status(401, error_type="invalid_request_error", message=f"bad key {OPENAI_KEY}"))
     fakes.anthropic.script(Reply(text="fine"))
-    failed, answer = await run_turn(client, "impatient", "hi")
-    assert (await failure(client, failed, answer))["code"] == "model_error"
-    ok, _ = await run_turn(client, "via_anthropic", "hi")
+    failed, answer = await talk(client, "impatient", "hi")
+    assert (await failure(failed, answer))["code"] == "model_error"
+    ok, _ = await talk(client, "via_anthropic", "hi")
     with anyio.fail_after(10):
-        events = [e.data for cid in (failed, ok) for e in await read_events(client, cid, ended())]
+        events = [e.data for c in (failed, ok) for e in await c.events(ended())]
     tails = ("", "/messages", "/turns")
     paths = ["/v1/agents", "/v1/agents/via_openai", "/v1/definitions", "/v1/definitions/model/gpt",
              "/v1/definitions/model/claude", "/v1/conversations", "/metrics", "/v1/models",
-             *(f"/v1/conversations/{cid}{tail}" for cid in (failed, ok) for tail in tails)]
+             *(f"{c.path}{tail}" for c in (failed, ok) for tail in tails)]
     bodies = [json.dumps(events)]
     for path in paths:
         r = await client.get(path)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +24,11 @@ import httpx
 import pytest
 from mcp import Client
 
-from tests.conftest import corral_server, write_tree
-from tests.server_process import ROOT, clean_environ
+from tests.support.client import Conversation
+from tests.support.servers import REPO, clean_environ, corral_server
+from tests.support.trees import write_tree
+
+pytestmark = pytest.mark.anyio
 
 TREE = {
     "agent.yaml": """
@@ -54,8 +57,8 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture
-def client(url: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=url, timeout=15, trust_env=False) as http:
+async def client(url: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=url, timeout=15, trust_env=False) as http:
         yield http
 
 
@@ -66,64 +69,57 @@ def error_of(response: httpx.Response, status: int, code: str) -> dict[str, Any]
     return error
 
 
-def post_raw(client: httpx.Client, path: str, body: bytes) -> httpx.Response:
-    return client.post(path, content=body, headers={"Content-Type": "application/json"})
-
-
-def conversation(client: httpx.Client) -> str:
-    created = client.post("/v1/conversations", json={"agent": "echo"})
-    assert created.status_code == 201, created.text
-    return created.json()["id"]
+async def post_raw(client: httpx.AsyncClient, path: str, body: bytes) -> httpx.Response:
+    return await client.post(path, content=body, headers={"Content-Type": "application/json"})
 
 
 # --- 1. nesting ---------------------------------------------------------------------------------
 
 
-def test_a_body_nested_100000_deep_is_a_400_and_the_server_goes_on(client: httpx.Client) -> None:
-    conversation_id = conversation(client)
-    messages = f"/v1/conversations/{conversation_id}/messages"
+async def test_a_body_nested_100000_deep_is_a_400_and_the_server_goes_on(client: httpx.AsyncClient) -> None:
+    conversation = await Conversation.create(client, "echo")
+    messages = f"{conversation.path}/messages"
     for path in ("/v1/conversations", messages, "/v1/chat/completions"):
-        error = error_of(post_raw(client, path, DEEP), 400, "invalid_request")
+        error = error_of(await post_raw(client, path, DEEP), 400, "invalid_request")
         assert "nested" in error["message"]
     # Parsable, but deep enough that validating or storing it would recurse past the limit.
     nested = "[" * 900 + "]" * 900
     body = f'{{"agent": "echo", "metadata": {{"deep": {nested}}}}}'.encode()
-    error = error_of(post_raw(client, "/v1/conversations", body), 400, "invalid_request")
+    error = error_of(await post_raw(client, "/v1/conversations", body), 400, "invalid_request")
     assert "nested" in error["message"]
     # The MCP SDK parses its own body: it answers a JSON-RPC parse error, and nothing crashes.
-    mcp = client.post("/mcp", content=DEEP, headers={"Content-Type": "application/json",
-                                                     "Accept": "application/json, text/event-stream"})
+    mcp = await client.post("/mcp", content=DEEP, headers={"Content-Type": "application/json",
+                                                           "Accept": "application/json, text/event-stream"})
     assert mcp.status_code == 400 and mcp.json()["error"]["code"] == -32700, mcp.text
     # Still serving, on the same connection and on new ones.
-    assert client.get("/healthz").status_code == 200
-    reply = client.post(messages, json={"content": "still here"})
+    assert (await client.get("/healthz")).status_code == 200
+    reply = await conversation.send("still here")
     assert reply.status_code == 200 and reply.json()["output"] == "echo: still here", reply.text
 
 
 # --- 2. references ------------------------------------------------------------------------------
 
 
-def test_a_malformed_reference_is_a_400_naming_the_accepted_forms(client: httpx.Client) -> None:
+async def test_a_malformed_reference_is_a_400_naming_the_accepted_forms(client: httpx.AsyncClient) -> None:
     for ref in MALFORMED:
         chat = {"model": ref, "messages": [{"role": "user", "content": "hi"}]}
-        for response in (client.post("/v1/conversations", json={"agent": ref}),
-                         client.post("/v1/chat/completions", json=chat),
-                         client.get(f"/v1/agents/{ref}")):
+        for response in (await client.post("/v1/conversations", json={"agent": ref}),
+                         await client.post("/v1/chat/completions", json=chat),
+                         await client.get(f"/v1/agents/{ref}")):
             error = error_of(response, 400, "invalid_request")
             assert FORMS in error["message"] and repr(ref) in error["message"], (ref, error)
-    created = client.get("/v1/conversations", params={"limit": 1000}).json()["items"]
+    created = (await client.get("/v1/conversations", params={"limit": 1000})).json()["items"]
     assert not [c for c in created if c["agent"] in MALFORMED]  # not one was created
     # The accepted forms still resolve, or are a 404 when they name nothing served.
-    digest = client.get("/v1/agents/echo").json()["digest"]
-    pinned = client.post("/v1/conversations", json={"agent": f"echo@{digest}"})
+    digest = (await client.get("/v1/agents/echo")).json()["digest"]
+    pinned = await client.post("/v1/conversations", json={"agent": f"echo@{digest}"})
     assert pinned.status_code == 201 and pinned.json()["digest"] == digest
-    error_of(client.post("/v1/conversations", json={"agent": "echo@prod"}), 404, "agent_not_found")
-    error_of(client.post("/v1/conversations", json={"agent": "nobody"}), 404, "agent_not_found")
-    error_of(client.post("/v1/conversations", json={"agent": "echo@sha256:" + "0" * 64}), 404,
+    error_of(await client.post("/v1/conversations", json={"agent": "echo@prod"}), 404, "agent_not_found")
+    error_of(await client.post("/v1/conversations", json={"agent": "nobody"}), 404, "agent_not_found")
+    error_of(await client.post("/v1/conversations", json={"agent": "echo@sha256:" + "0" * 64}), 404,
              "digest_not_found")
 
 
-@pytest.mark.anyio
 async def test_a_malformed_mcp_pin_is_an_invalid_request(url: str) -> None:
     with anyio.fail_after(30):
         async with Client(url + "/mcp") as mcp:
@@ -138,24 +134,19 @@ async def test_a_malformed_mcp_pin_is_an_invalid_request(url: str) -> None:
 # --- 3. strict booleans -------------------------------------------------------------------------
 
 
-def test_a_boolean_field_takes_only_true_or_false(client: httpx.Client) -> None:
-    conversation_id = conversation(client)
+async def test_a_boolean_field_takes_only_true_or_false(client: httpx.AsyncClient) -> None:
+    conversation = await Conversation.create(client, "echo")
     for value in ("yes", "true", "false", 1, 0):
-        sent = client.post(f"/v1/conversations/{conversation_id}/messages",
-                           json={"content": "hi", "stream": value})
+        sent = await conversation.send("hi", stream=value)
         assert error_of(sent, 400, "invalid_request")["details"][0]["field"] == "stream"
-        chat = client.post("/v1/chat/completions", json={"model": "echo", "stream": value,
-                                                         "messages": [{"role": "user", "content": "hi"}]})
+        chat = await client.post("/v1/chat/completions", json={
+            "model": "echo", "stream": value, "messages": [{"role": "user", "content": "hi"}]})
         assert error_of(chat, 400, "invalid_request")["details"][0]["field"] == "stream"
-    assert client.get(f"/v1/conversations/{conversation_id}/turns").json()["items"] == []  # none ran
+    assert await conversation.turns() == []  # none ran
     # true and false still do what they say.
-    messages = f"/v1/conversations/{conversation_id}/messages"
-    plain = client.post(messages, json={"content": "a", "stream": False})
+    plain = await conversation.send("a", stream=False)
     assert plain.status_code == 200 and plain.json()["output"] == "echo: a"
-    with client.stream("POST", messages, json={"content": "b", "stream": True}) as streamed:
-        assert streamed.status_code == 200
-        assert streamed.headers["content-type"].startswith("text/event-stream")
-        streamed.read()
+    await conversation.stream("b")  # answered 200, as an event stream
 
 
 # --- 4. long argv elements ----------------------------------------------------------------------
@@ -191,18 +182,17 @@ def long_argument_tree(root: Path) -> Path:
     })
 
 
-def test_a_long_argv_element_is_an_argument(tmp_path: Path) -> None:
+async def test_a_long_argv_element_is_an_argument(tmp_path: Path) -> None:
     defs = long_argument_tree(tmp_path / "defs")
-    done = subprocess.run([sys.executable, "-m", "server.cli", "validate", str(defs)], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "server.cli", "validate", str(defs)], cwd=REPO,
                           env=clean_environ(), capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("ok: 3 definitions")
-    with corral_server(defs, tmp_path / "state") as base_url, \
-            httpx.Client(base_url=base_url, timeout=30, trust_env=False) as client:
-        spec = client.get("/v1/definitions/tool/long").json()["spec"]
-        assert spec["command"]["argv"][2] == SCRIPT and spec["files"] == {}
-        created = client.post("/v1/conversations", json={"agent": "runner"})
-        reply = client.post(f"/v1/conversations/{created.json()['id']}/messages", json={"content": "run"})
-        assert reply.status_code == 200 and reply.json()["status"] == "completed", reply.text
-        [result] = [m for m in reply.json()["messages"] if m["role"] == "tool"]
-        assert not result["is_error"] and result["content"].strip() == "a long argument ran", result
+    with corral_server(defs, tmp_path / "state") as base_url:
+        async with httpx.AsyncClient(base_url=base_url, timeout=30, trust_env=False) as client:
+            spec = (await client.get("/v1/definitions/tool/long")).json()["spec"]
+            assert spec["command"]["argv"][2] == SCRIPT and spec["files"] == {}
+            reply = await (await Conversation.create(client, "runner")).send("run")
+            assert reply.status_code == 200 and reply.json()["status"] == "completed", reply.text
+            [result] = [m for m in reply.json()["messages"] if m["role"] == "tool"]
+            assert not result["is_error"] and result["content"].strip() == "a long argument ran", result

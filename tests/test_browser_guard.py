@@ -11,35 +11,23 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
 import httpx
 import pytest
 
-from server.http import create_app
-from server.settings import Settings
-from tests.conftest import corral_server
-from tests.fakes.uvicorn_thread import serve
+from tests.support.servers import REPO_DEFINITIONS, corral_server
 
-DEFINITIONS = Path(__file__).resolve().parent.parent / "definitions"
 CHAT = {"model": "assistant", "messages": [{"role": "user", "content": "count words in a b"}]}
 INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
     "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
 MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 
 
-@contextmanager
-def server_on(host: str, state: Path, **settings) -> Iterator[str]:
-    config = Settings(definitions=DEFINITIONS, state_dir=state, host=host, watch=False, **settings)
-    with serve(create_app(config), host=host) as url:
-        yield url
-
-
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with corral_server(DEFINITIONS, tmp_path_factory.mktemp("guard") / "state") as base_url:
+    with corral_server(REPO_DEFINITIONS, tmp_path_factory.mktemp("guard") / "state") as base_url:
         yield base_url
 
 
@@ -90,7 +78,8 @@ def test_loopback_hosts_are_served(url: str, host: str) -> None:
 
 def test_a_bind_on_another_loopback_address_checks_host_too(tmp_path: Path) -> None:
     """127.0.0.2 is loopback (served without keys), so the Host rule holds there as well."""
-    with server_on("127.0.0.2", tmp_path / "state") as url, httpx.Client(base_url=url) as client:
+    with corral_server(REPO_DEFINITIONS, tmp_path / "state", host="127.0.0.2") as url, \
+            httpx.Client(base_url=url) as client:
         assert client.get("/v1/agents").status_code == 200
         evil = {"Host": "evil.example"}
         assert client.get("/v1/agents", headers=evil).status_code == 421
@@ -99,7 +88,8 @@ def test_a_bind_on_another_loopback_address_checks_host_too(tmp_path: Path) -> N
 
 
 def test_allowed_hosts_are_served(tmp_path: Path) -> None:
-    with server_on("127.0.0.1", tmp_path / "state", allowed_hosts="corral.internal, other.internal") as url, \
+    with corral_server(REPO_DEFINITIONS, tmp_path / "state",
+                       allowed_hosts="corral.internal, other.internal") as url, \
             httpx.Client(base_url=url) as client:
         assert client.get("/v1/agents", headers={"Host": "corral.internal:9000"}).status_code == 200
         assert client.get("/v1/agents", headers={"Host": "other.internal"}).status_code == 200
@@ -133,7 +123,7 @@ def test_the_servers_own_origin_is_served(url: str) -> None:
 def test_cors_origins_open_cors_to_those_origins_only(tmp_path: Path) -> None:
     app_origin = "https://app.example.com"
     origins = f"{app_origin},http://other.example"
-    with server_on("127.0.0.1", tmp_path / "state", cors_origins=origins) as url, \
+    with corral_server(REPO_DEFINITIONS, tmp_path / "state", cors_origins=origins) as url, \
             httpx.Client(base_url=url) as client:
         preflight = client.options("/v1/chat/completions", headers={
             "Origin": app_origin, "Access-Control-Request-Method": "POST",
@@ -155,7 +145,8 @@ def test_cors_origins_open_cors_to_those_origins_only(tmp_path: Path) -> None:
 
 def test_cors_preflight_needs_no_key_but_the_request_does(tmp_path: Path) -> None:
     app_origin = "https://app.example.com"
-    with server_on("127.0.0.1", tmp_path / "state", cors_origins=app_origin, api_keys="k1") as url, \
+    with corral_server(REPO_DEFINITIONS, tmp_path / "state", cors_origins=app_origin,
+                       api_keys="k1") as url, \
             httpx.Client(base_url=url) as client:
         preflight = client.options("/v1/agents", headers={
             "Origin": app_origin, "Access-Control-Request-Method": "GET",
@@ -168,7 +159,7 @@ def test_cors_preflight_needs_no_key_but_the_request_does(tmp_path: Path) -> Non
 
 @pytest.mark.anyio
 async def test_a_body_that_never_completes_is_answered_408(tmp_path: Path) -> None:
-    with server_on("127.0.0.1", tmp_path / "state", body_timeout_s=0.5) as url:
+    with corral_server(REPO_DEFINITIONS, tmp_path / "state", body_timeout_s=0.5) as url:
         parsed = httpx.URL(url)
         with anyio.fail_after(10):
             stream = await anyio.connect_tcp(parsed.host, parsed.port)

@@ -8,7 +8,7 @@ import pytest
 
 from server.compiler.compiler import Compiler
 from server.errors import DefinitionsInvalid
-from tests.conftest import write_tree
+from tests.support.trees import write_tree
 
 FILES = {
     "models.yaml": """

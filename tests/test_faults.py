@@ -18,18 +18,17 @@ import signal
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import anyio
 import httpx
 import pytest
 
-from server.http import create_app
-from server.settings import Settings
-from tests.conftest import corral_server, write_tree
 from tests.fakes import Cut, FakeOpenAI, Malformed, Reply, Stall, Status, serve
-from tests.live import ended, gated_definitions, named, open_gate, read_events
-from tests.server_process import ServerProcess
+from tests.support.client import Conversation, talk
+from tests.support.events import ended, named
+from tests.support.processes import wait_until
+from tests.support.servers import ServerProcess, corral_app, corral_server, serving
+from tests.support.trees import gated_definitions, open_gate, write_tree
 
 pytestmark = pytest.mark.anyio
 
@@ -147,19 +146,10 @@ async def client(base_url: str, fake: FakeOpenAI) -> AsyncIterator[httpx.AsyncCl
     assert fake.pending == 0, "a scripted scenario was never asked for"
 
 
-async def turn(client: httpx.AsyncClient, agent: str, content: str, cid: str | None = None) -> dict[str, Any]:
-    if cid is None:
-        cid = (await client.post("/v1/conversations", json={"agent": agent})).json()["id"]
-    with anyio.fail_after(15):
-        reply = await client.post(f"/v1/conversations/{cid}/messages", json={"content": content})
-    assert reply.status_code == 200, reply.text
-    return {"cid": cid, **reply.json()}
-
-
-async def still_serving(client: httpx.AsyncClient, agent: str, cid: str) -> None:
+async def still_serving(client: httpx.AsyncClient, conversation: Conversation) -> None:
     assert (await client.get("/healthz")).status_code == 200
-    assert (await client.get(f"/v1/conversations/{cid}")).json()["status"] == "idle"
-    after = await turn(client, agent, "all good?", cid)
+    assert (await conversation.get())["status"] == "idle"
+    after = await conversation.say("all good?", bound=15)
     assert after["status"] == "completed", after
 
 
@@ -178,16 +168,16 @@ RECOVERED = [  # (fault before any output, then an answer): retried on the same 
 @pytest.mark.parametrize("fault", RECOVERED)
 async def test_a_fault_before_output_is_retried(client: httpx.AsyncClient, fake: FakeOpenAI, fault) -> None:
     fake.script(fault, Reply(text="recovered"))
-    answer = await turn(client, "resilient", "hi")
+    conversation, answer = await talk(client, "resilient", "hi")
     assert answer["status"] == "completed" and answer["output"] == "recovered"
     assert [r.body["model"] for r in fake.requests] == [FLAKY, FLAKY]
-    events = await read_events(client, answer["cid"], ended())
+    events = await conversation.events(ended())
     assert "".join(e.data["text"] for e in events if e.name == "message.delta") == "recovered"
 
 
 async def test_retries_then_the_fallback_model(client: httpx.AsyncClient, fake: FakeOpenAI) -> None:
     fake.script(Status(500), Malformed(), Reply(text="from the backup"))
-    answer = await turn(client, "resilient", "hi")
+    _, answer = await talk(client, "resilient", "hi")
     assert answer["status"] == "completed" and answer["output"] == "from the backup"
     assert [r.body["model"] for r in fake.requests] == [FLAKY, FLAKY, BACKUP]
 
@@ -195,15 +185,15 @@ async def test_retries_then_the_fallback_model(client: httpx.AsyncClient, fake: 
 async def test_when_every_model_fails_the_turn_fails_cleanly(client: httpx.AsyncClient,
                                                             fake: FakeOpenAI) -> None:
     fake.script(Status(503), Stall(text=""), Status(429, retry_after="0"))
-    answer = await turn(client, "resilient", "hi")
+    conversation, answer = await talk(client, "resilient", "hi")
     assert answer["status"] == "failed" and answer["error"]["code"] == "model_error"
     assert "scripted failure" not in json.dumps(answer)  # the provider's body is never quoted
     assert [r.body["model"] for r in fake.requests] == [FLAKY, FLAKY, BACKUP]
-    events = await read_events(client, answer["cid"], ended())
+    events = await conversation.events(ended())
     assert [e.name for e in events] == ["turn.started", "turn.failed"]
     assert events[-1].data["error"]["code"] == "model_error"
     fake.script(Reply(text="all good"))
-    await still_serving(client, "resilient", answer["cid"])
+    await still_serving(client, conversation)
 
 
 @pytest.mark.parametrize("fault", [Cut(text="partial"), Malformed(text="partial"), Stall(text="partial")],
@@ -211,10 +201,10 @@ async def test_when_every_model_fails_the_turn_fails_cleanly(client: httpx.Async
 async def test_a_fault_after_output_fails_without_repeating_it(client: httpx.AsyncClient, fake: FakeOpenAI,
                                                                fault) -> None:
     fake.script(fault)
-    answer = await turn(client, "resilient", "hi")
+    conversation, answer = await talk(client, "resilient", "hi")
     assert answer["status"] == "failed" and answer["error"]["code"] == "model_error"
     assert [r.body["model"] for r in fake.requests] == [FLAKY]
-    events = await read_events(client, answer["cid"], ended())
+    events = await conversation.events(ended())
     [delta] = [e.data["text"] for e in events if e.name == "message.delta"]  # the fake's first piece, once
     assert delta and "partial".startswith(delta)
 
@@ -228,24 +218,25 @@ async def test_a_fault_after_output_fails_without_repeating_it(client: httpx.Asy
     ("missing", "corral-test-binary"),
 ])
 async def test_a_broken_tool_is_a_tool_error(client: httpx.AsyncClient, content: str, says: str) -> None:
-    answer = await turn(client, "tooled", content)
+    conversation, answer = await talk(client, "tooled", content)
     assert answer["status"] == "completed", answer
     [result] = [m for m in answer["messages"] if m["role"] == "tool"]
     assert result["is_error"] and says in result["content"]
-    await still_serving(client, "tooled", answer["cid"])
+    await still_serving(client, conversation)
 
 
 async def test_hanging_and_crashing_hooks_follow_on_error(client: httpx.AsyncClient, root: Path) -> None:
     pidfile = root / "defs" / "hook.pid"  # the hook runs in the definition directory
     started = time.monotonic()
-    answer = await turn(client, "hooked", "echo hello")  # prompt hook crashes (allow), tool hook hangs (deny)
+    # the prompt hook crashes (allow), the tool hook hangs (deny)
+    conversation, answer = await talk(client, "hooked", "echo hello")
     assert time.monotonic() - started < 10
     assert answer["status"] == "completed", answer
     [result] = [m for m in answer["messages"] if m["role"] == "tool"]
     assert result["is_error"] and "hook hang timed out after 2s" in result["content"]
     with pytest.raises(ProcessLookupError):  # the hanging hook was killed, not left behind
         os.kill(int(pidfile.read_text()), 0)
-    await still_serving(client, "hooked", answer["cid"])
+    await still_serving(client, conversation)
 
 
 # --- signals --------------------------------------------------------------------------------
@@ -253,13 +244,12 @@ async def test_hanging_and_crashing_hooks_follow_on_error(client: httpx.AsyncCli
 
 async def test_shutdown_refuses_new_turns(tmp_path: Path) -> None:
     """What SIGTERM starts (`begin_shutdown`), seen while the HTTP server still answers."""
-    app = create_app(Settings(definitions=gated_definitions(tmp_path / "defs"), state_dir=tmp_path / "state",
-                              watch=False))
-    with serve(app) as url:
+    app = corral_app(gated_definitions(tmp_path / "defs"), tmp_path / "state")
+    with serving(app) as url:
         async with httpx.AsyncClient(base_url=url, timeout=15, trust_env=False) as client:
-            cid = (await client.post("/v1/conversations", json={"agent": "gated"})).json()["id"]
+            conversation = await Conversation.create(client, "gated")
             app.state.service.begin_shutdown()
-            refused = await client.post(f"/v1/conversations/{cid}/messages", json={"content": "hi"})
+            refused = await conversation.send("hi")
             assert refused.status_code == 503 and refused.json()["error"]["code"] == "overloaded"
             assert (await client.get("/readyz")).status_code == 503
             assert (await client.get("/healthz")).status_code == 200
@@ -271,27 +261,24 @@ async def test_a_turn_queued_before_shutdown_does_not_start(tmp_path: Path) -> N
     White-box where the API gives no signal: the queue is read, and `accepting` set, directly
     (plain attributes: the service runs on the server thread's event loop, not this test's).
     """
-    app = create_app(Settings(definitions=gated_definitions(tmp_path / "defs"), state_dir=tmp_path / "state",
-                              watch=False))
+    app = corral_app(gated_definitions(tmp_path / "defs"), tmp_path / "state")
     gate = tmp_path / "gate"
-    with serve(app) as url:
+    with serving(app) as url:
         async with httpx.AsyncClient(base_url=url, timeout=15, trust_env=False) as client:
-            cid = (await client.post("/v1/conversations", json={"agent": "queued"})).json()["id"]
+            conversation = await Conversation.create(client, "queued")
+            cid = conversation.id
             conversations = app.state.service.conversations
             answers: dict[str, httpx.Response] = {}
 
             async def post(name: str, content: str) -> None:
-                url = f"/v1/conversations/{cid}/messages"
-                answers[name] = await client.post(url, json={"content": content})
+                answers[name] = await conversation.send(content)
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(post, "held", f"wait {gate}")
                 with anyio.fail_after(10):
-                    while not (cid in conversations._live and conversations._live[cid].running):
-                        await anyio.sleep(0.02)
+                    await wait_until(lambda: conversations.admission.running(cid) is not None, bound=10)
                     tg.start_soon(post, "queued", "second")
-                    while len(conversations._live[cid].queue) < 2:
-                        await anyio.sleep(0.02)
+                    await wait_until(lambda: len(conversations.admission.queue(cid)) >= 2, bound=10)
                 conversations.accepting = False
                 open_gate(gate)
             assert answers["held"].json()["status"] == "completed"
@@ -299,37 +286,22 @@ async def test_a_turn_queued_before_shutdown_does_not_start(tmp_path: Path) -> N
             assert answers["queued"].json()["error"]["code"] == "overloaded"
 
 
-async def post_turn(client: httpx.AsyncClient, cid: str, content: str, answers: dict[str, Any]) -> None:
-    """A turn whose answer may never come (the server goes away): the answer, or the error."""
-    try:
-        reply = await client.post(f"/v1/conversations/{cid}/messages", json={"content": content})
-        answers[cid] = reply.json()
-    except httpx.HTTPError as exc:
-        answers[cid] = exc
-
-
-async def turns_of(client: httpx.AsyncClient, cid: str) -> list[dict[str, Any]]:
-    return (await client.get(f"/v1/conversations/{cid}/turns")).json()["items"]
-
-
 async def test_sigterm_drains_running_turns(tmp_path: Path) -> None:
     defs, state = gated_definitions(tmp_path / "defs"), tmp_path / "state"
     short, long_ = tmp_path / "short", tmp_path / "long"
-    answers: dict[str, Any] = {}
     server = ServerProcess(defs, state, env={"CORRAL_SHUTDOWN_GRACE_S": "2"})
     try:
         with server, anyio.fail_after(40):
             async with httpx.AsyncClient(base_url=server.url, timeout=30, trust_env=False) as client:
-                a, b, c = [(await client.post("/v1/conversations", json={"agent": "gated"})).json()["id"]
-                           for _ in range(3)]
+                a, b, c = [await Conversation.create(client, "gated") for _ in range(3)]
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(post_turn, client, a, f"wait {short}", answers)
-                    tg.start_soon(post_turn, client, b, f"wait {long_}", answers)
-                    for cid in (a, b):
-                        await read_events(client, cid, named("tool.started"))
+                    tg.start_soon(a.try_send, f"wait {short}")
+                    tg.start_soon(b.try_send, f"wait {long_}")
+                    for conversation in (a, b):
+                        await conversation.events(named("tool.started"))
                     server.signal(signal.SIGTERM)
                     stopped_at = time.monotonic()
-                    await post_turn(client, c, "too late", answers)  # refused: 503, or no connection at all
+                    late = await c.try_send("too late")  # refused: 503, or no connection at all
                     open_gate(short)
                 code = await anyio.to_thread.run_sync(server.wait, 15)
                 took = time.monotonic() - stopped_at
@@ -337,56 +309,56 @@ async def test_sigterm_drains_running_turns(tmp_path: Path) -> None:
         open_gate(short)
         open_gate(long_)
     assert code in (0, -signal.SIGTERM) and took < 2 + 5, (code, took, server.stderr)
-    assert isinstance(answers[c], httpx.HTTPError) or answers[c]["error"]["code"] == "overloaded"
-    assert answers[a]["status"] == "completed" and answers[a]["output"] == "passed the gate"
-    assert isinstance(answers[b], httpx.HTTPError) or answers[b]["error"]["code"] == "interrupted"
+    assert isinstance(late, httpx.HTTPError) or late.json()["error"]["code"] == "overloaded"
+    [drained] = a.replies
+    assert drained.json()["status"] == "completed" and drained.json()["output"] == "passed the gate"
+    assert b.lost or b.replies[0].json()["error"]["code"] == "interrupted"
     with ServerProcess(defs, state) as again:
         async with httpx.AsyncClient(base_url=again.url, timeout=15, trust_env=False) as client:
-            [done] = await turns_of(client, a)
-            [cut] = await turns_of(client, b)
+            [done] = await a.through(client).turns()
+            [cut] = await b.through(client).turns()
             assert done["status"] == "completed"
             assert cut["status"] == "failed" and cut["error"]["code"] == "interrupted"
-            events = await read_events(client, b, ended(cut["id"]))
+            events = await b.through(client).events(ended(cut["id"]))
             assert events[-1].name == "turn.failed" and events[-1].data["error"]["code"] == "interrupted"
-            assert await turns_of(client, c) == []
+            assert await c.through(client).turns() == []
 
 
 async def test_sigkill_loses_nothing_committed(tmp_path: Path) -> None:
     defs, state, gate = gated_definitions(tmp_path / "defs"), tmp_path / "state", tmp_path / "gate"
-    answers: dict[str, Any] = {}
     try:
         with ServerProcess(defs, state) as server, anyio.fail_after(30):
             async with httpx.AsyncClient(base_url=server.url, timeout=30, trust_env=False) as client:
-                cid = (await client.post("/v1/conversations", json={"agent": "gated"})).json()["id"]
-                first = (await client.post(f"/v1/conversations/{cid}/messages",
-                                           json={"content": "one"})).json()
+                conversation = await Conversation.create(client, "gated")
+                first = await conversation.say("one")
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(post_turn, client, cid, f"wait {gate}", answers)
-                    started = await read_events(client, cid, named("tool.started"))
-                    before = (await client.get(f"/v1/conversations/{cid}/messages")).json()["items"]
+                    tg.start_soon(conversation.try_send, f"wait {gate}")
+                    started = await conversation.events(named("tool.started"))
+                    before = await conversation.messages()
                     server.signal(signal.SIGKILL)
                     await anyio.to_thread.run_sync(server.wait, 10)
     finally:
         open_gate(gate)  # the orphaned tool process polls for it, and exits
     held = next(e.data["turn_id"] for e in reversed(started) if e.name == "turn.started")
-    assert isinstance(answers[cid], httpx.HTTPError)
+    assert conversation.lost, conversation.replies  # the held turn was never answered
     assert [m["role"] for m in before] == ["user", "assistant", "user", "assistant"]
     with ServerProcess(defs, state) as again:
         async with httpx.AsyncClient(base_url=again.url, timeout=15, trust_env=False) as client:
-            assert (await client.get(f"/v1/conversations/{cid}")).json()["status"] == "idle"
-            after_restart = (await client.get(f"/v1/conversations/{cid}/messages")).json()["items"]
+            restarted = conversation.through(client)
+            assert (await restarted.get())["status"] == "idle"
+            after_restart = await restarted.messages()
             assert after_restart == before
-            turns = await turns_of(client, cid)
+            turns = await restarted.turns()
             assert [(t["id"], t["status"]) for t in turns] == [(first["turn_id"], "completed"),
                                                                (held, "failed")]
             assert turns[1]["error"]["code"] == "interrupted"
-            events = await read_events(client, cid, ended(held))
+            events = await restarted.events(ended(held))
             assert events[-1].name == "turn.failed" and events[-1].data["error"]["code"] == "interrupted"
-            third = (await client.post(f"/v1/conversations/{cid}/messages", json={"content": "three"})).json()
+            third = await restarted.say("three")
             assert third["status"] == "completed" and third["output"] == "echo: three"
-            messages = (await client.get(f"/v1/conversations/{cid}/messages")).json()["items"]
+            messages = await restarted.messages()
             assert [m["seq"] for m in messages] == list(range(1, len(before) + 3))
             assert messages[: len(before)] == before
-            replay = await read_events(client, cid, ended(third["turn_id"]))
+            replay = await restarted.events(ended(third["turn_id"]))
             ids = [e.id for e in replay]
             assert ids == sorted(set(ids)) and [e.name for e in replay].count("turn.failed") == 1

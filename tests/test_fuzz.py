@@ -37,7 +37,9 @@ from server.compiler.documents import (
 )
 from server.errors import DefinitionsInvalid
 from server.http import openapi
-from tests.conftest import corral_server
+from server.http.app import create_app
+from server.settings import Settings
+from tests.support.servers import REPO_DEFINITIONS, corral_server
 
 # --- the compiler ------------------------------------------------------------------------
 
@@ -164,13 +166,11 @@ def test_the_compiler_only_ever_reports_invalid_definitions(files: dict[str, str
 
 # --- the HTTP API ------------------------------------------------------------------------
 
-DEFINITIONS = Path(__file__).resolve().parent.parent / "definitions"
-
-
 @pytest.fixture(scope="module")
 def api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with corral_server(DEFINITIONS, tmp_path_factory.mktemp("fuzz") / "state") as url:
-        assert httpx.get(f"{url}/openapi.json", timeout=10, trust_env=False).json() == openapi.document()
+    with corral_server(REPO_DEFINITIONS, tmp_path_factory.mktemp("fuzz") / "state") as url:
+        published = httpx.get(f"{url}/openapi.json", timeout=10, trust_env=False).json()
+        assert published == openapi.document(create_app(Settings()).routes)
         yield url
 
 
@@ -184,7 +184,7 @@ def session() -> Iterator[requests.Session]:
 # The document the server publishes, built here at import time for schemathesis to parametrize over
 # (its lazy `from_fixture` loader does not run on pytest 9); `api_url` checks the server publishes it.
 # The two event streams never end by design (they follow live events), so no request to them returns.
-schema = (schemathesis.openapi.from_dict(openapi.document())
+schema = (schemathesis.openapi.from_dict(openapi.document(create_app(Settings()).routes))
           .exclude(method="GET", path="/v1/events")
           .exclude(method="GET", path="/v1/conversations/{id}/events"))
 

@@ -32,7 +32,7 @@ from server.compiler.definitions import HookDefinition
 from server.errors import DefinitionsInvalid
 from server.runtime.hooks import Hooks, Verdict
 from tests.fakes.uvicorn_thread import serve
-from tests.pids import alive, wait_until
+from tests.support.processes import alive, wait_until
 
 PY = sys.executable
 SCRIPTS = Path(__file__).parent / "hooks"

@@ -13,7 +13,6 @@ import json
 import shutil
 import sys
 from collections.abc import AsyncIterator, Iterator
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +24,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from tests.conftest import corral_server, write_tree
 from tests.fakes.uvicorn_thread import serve
-from tests.live import ended, named, read_events
+from tests.support.client import Conversation, talk
+from tests.support.events import ended, named
+from tests.support.servers import corral_server
+from tests.support.trees import write_tree
 
 pytestmark = pytest.mark.anyio
 PY = sys.executable
@@ -154,17 +155,6 @@ async def client(served: Served) -> AsyncIterator[httpx.AsyncClient]:
         yield http
 
 
-async def talk(client: httpx.AsyncClient, agent: str, content: str) -> tuple[str, dict[str, Any]]:
-    """A new conversation with `agent`, one message; the conversation id and the turn's answer."""
-    created = await client.post("/v1/conversations", json={"agent": agent})
-    assert created.status_code == 201, created.text
-    conversation_id = created.json()["id"]
-    with anyio.fail_after(20):
-        reply = await client.post(f"/v1/conversations/{conversation_id}/messages", json={"content": content})
-    assert reply.status_code == 200, reply.text
-    return conversation_id, reply.json()
-
-
 def tool_results(answer: dict[str, Any]) -> list[dict[str, Any]]:
     return [m for m in answer["messages"] if m["role"] == "tool"]
 
@@ -188,10 +178,10 @@ async def test_updated_input_is_what_the_tool_gets(served: Served, client: httpx
 
 
 async def test_additional_context_reaches_the_model(client: httpx.AsyncClient) -> None:
-    conversation_id, answer = await talk(client, "contexter", "what is going on?")
+    conversation, answer = await talk(client, "contexter", "what is going on?")
     context = "Sprint 42 is in progress (prompt was 17 chars)."
     assert answer["output"] == f"what is going on?\n\n{context}"  # the echo of what the model got
-    messages = (await client.get(f"/v1/conversations/{conversation_id}/messages")).json()["items"]
+    messages = await conversation.messages()
     assert messages[0]["role"] == "user" and messages[0]["content"].endswith(context)
 
 
@@ -215,11 +205,11 @@ async def test_a_failing_hook_follows_on_error(served: Served, client: httpx.Asy
 
 async def test_an_http_hook_gets_the_payload_and_its_deny_holds(served: Served,
                                                                 client: httpx.AsyncClient) -> None:
-    conversation_id, answer = await talk(client, "http-hooked", "run echo over http")
+    conversation, answer = await talk(client, "http-hooked", "run echo over http")
     assert answer["output"] == "tool said: permission denied for bash: the HTTP hook says no"
     assert "echo over http" not in served.ran()
     [call] = [c for m in answer["messages"] for c in m.get("tool_calls", ())]
-    [payload] = [p for p in served.hook_server.payloads if p["session_id"] == conversation_id]
+    [payload] = [p for p in served.hook_server.payloads if p["session_id"] == conversation.id]
     assert payload["hook_event_name"] == "PreToolUse"
     assert payload["tool_name"] == "bash" and payload["tool_input"] == {"command": "echo over http"}
     assert payload["tool_use_id"] == call["id"]
@@ -233,44 +223,42 @@ async def test_deny_beats_ask_beats_allow(served: Served, client: httpx.AsyncCli
     assert answer["output"] == "tool said: permission denied for bash: three hooks, and this one says no"
     assert "echo strictest" not in served.ran()
 
-    created = await client.post("/v1/conversations", json={"agent": "asker"})
-    conversation_id = created.json()["id"]
+    conversation = await Conversation.create(client, "asker")
     with anyio.fail_after(20):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(partial(client.post, f"/v1/conversations/{conversation_id}/messages",
-                                  json={"content": "run echo asked"}))
-            events = await read_events(client, conversation_id, named("permission.requested"))
+            tg.start_soon(conversation.send, "run echo asked")
+            events = await conversation.events(named("permission.requested"))
             asked = events[-1].data
             assert asked["reason"] == "bash needs a human" and asked["arguments"] == {"command": "echo asked"}
             assert "echo asked" not in served.ran()
             decided = await client.post(
-                f"/v1/conversations/{conversation_id}/permissions/{asked['request_id']}",
+                f"{conversation.path}/permissions/{asked['request_id']}",
                 json={"decision": "allow"})
             assert decided.status_code == 200, decided.text
-        events = await read_events(client, conversation_id, ended())
+        events = await conversation.events(ended())
     assert events[-1].name == "turn.completed" and "echo asked" in served.ran()
 
 
 async def test_a_blocked_prompt_fails_the_turn(client: httpx.AsyncClient) -> None:
-    conversation_id, answer = await talk(client, "gatekeeper", "run echo never")
+    conversation, answer = await talk(client, "gatekeeper", "run echo never")
     assert answer["status"] == "failed"
     assert answer["error"]["code"] == "prompt_blocked"
     assert "no prompts on Fridays" in answer["error"]["message"]
-    events = await read_events(client, conversation_id, ended())
+    events = await conversation.events(ended())
     assert events[-1].name == "turn.failed" and events[-1].data["error"]["code"] == "prompt_blocked"
     assert not [e for e in events if e.name == "tool.started"]
 
 
 async def test_a_stop_hook_that_blocks_once_gets_one_more_step(client: httpx.AsyncClient) -> None:
-    conversation_id, answer = await talk(client, "persistent", "all done")
+    conversation, answer = await talk(client, "persistent", "all done")
     assert answer["status"] == "completed" and answer["output"] == "Run the tests before you finish."
-    messages = (await client.get(f"/v1/conversations/{conversation_id}/messages")).json()["items"]
+    messages = await conversation.messages()
     assert [(m["role"], m["content"]) for m in messages] == [
         ("user", "all done"), ("assistant", "all done"),
         ("user", "Run the tests before you finish."), ("assistant", "Run the tests before you finish."),
     ]
-    again = await client.post(f"/v1/conversations/{conversation_id}/messages", json={"content": "bye"})
-    assert again.json()["output"] == "bye"  # it blocked once per conversation, as the script says
+    again = await conversation.say("bye")
+    assert again["output"] == "bye"  # it blocked once per conversation, as the script says
 
 
 async def test_a_hook_script_counts_in_the_agent_digest(tmp_path: Path) -> None:

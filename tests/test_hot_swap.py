@@ -19,21 +19,17 @@ import httpx
 import pytest
 
 from server.compiler.compiler import Compiler
-from tests.conftest import corral_server
-from tests.live import ended, follow_server_events, named, open_gate, read_events
-from tests.swapping import (
+from tests.support.client import Conversation
+from tests.support.events import ended, named, server_events, swap_reported
+from tests.support.servers import corral_server
+from tests.support.swaps import reload, set_digest, swaps, watcher_live
+from tests.support.trees import (
     agent_digest,
     broken_edited_yaml,
-    create_conversation,
     edited_yaml,
     line_of,
-    next_swap,
-    say,
-    set_digest,
-    swaps,
-    turns,
+    open_gate,
     versioned_definitions,
-    watcher_live,
     write_atomic,
 )
 
@@ -47,12 +43,6 @@ def client_for(base_url: str) -> httpx.AsyncClient:
     return httpx.AsyncClient(base_url=base_url, timeout=30, trust_env=False, limits=limits)
 
 
-async def gate_reached(client: httpx.AsyncClient, conversation_id: str) -> str:
-    """The id of the turn of `conversation_id` that is waiting in its tool (waiting for it to get there)."""
-    events = await read_events(client, conversation_id, named("tool.started"))
-    return next(e.data["turn_id"] for e in events if e.name == "turn.started")
-
-
 async def test_watched_edit_reports_the_busy_turn_which_ends_on_the_old_digest(tmp_path: Path) -> None:
     defs = versioned_definitions(tmp_path / "defs", "v1")
     v1, v2 = agent_digest(defs), agent_digest(versioned_definitions(tmp_path / "v2", "v2"))
@@ -60,27 +50,23 @@ async def test_watched_edit_reports_the_busy_turn_which_ends_on_the_old_digest(t
     with corral_server(defs, tmp_path / "state", watch=True) as url:
         async with client_for(url) as client:
             assert (await watcher_live(client, defs))["status"] == "applied"
-            seen = len(await swaps(client))
             busy, other_busy, idle, other_idle = [
-                await create_conversation(client, agent) for agent in ("edited", "other", "edited", "other")]
-            held: dict[str, dict[str, Any]] = {}
-
-            async def hold(conversation_id: str) -> None:
-                held[conversation_id] = await say(client, conversation_id, f"wait {gate}")
+                await Conversation.create(client, agent) for agent in ("edited", "other", "edited", "other")]
 
             with anyio.fail_after(30):
-                async with anyio.create_task_group() as tg:
-                    for conversation_id in (busy, other_busy):
-                        tg.start_soon(hold, conversation_id)
-                    turn_id = await gate_reached(client, busy)
-                    await gate_reached(client, other_busy)
+                async with anyio.create_task_group() as tg, server_events(client) as events:
+                    for held in (busy, other_busy):
+                        tg.start_soon(held.say, f"wait {gate}")
+                    turn_id = await busy.started()
+                    await other_busy.started()
                     write_atomic(defs / "edited.yaml", edited_yaml("v2"))
-                    report = await next_swap(client, seen)
+                    report = (await events.wait(swap_reported())).data
                     open_gate(gate)
-                after = await say(client, busy, "hello")
-                fresh = await say(client, idle, "hello")
-                untouched = await say(client, other_idle, "hello")
-            stored = await turns(client, busy)
+                after = await busy.say("hello")
+                fresh = await idle.say("hello")
+                untouched = await other_idle.say("hello")
+            stored = await busy.turns()
+    held_busy, held_other = busy.replies[0].json(), other_busy.replies[0].json()
 
     assert report["status"] == "applied" and report["trigger"] == "watch", report
     assert {(c["kind"], c["name"], c["change"]) for c in report["changes"]} == {
@@ -88,11 +74,11 @@ async def test_watched_edit_reports_the_busy_turn_which_ends_on_the_old_digest(t
     assert next(c for c in report["changes"] if c["kind"] == "Agent")["from"] == v1
     [entry] = report["busy"]  # not the other agent's busy turn, not the idle conversations
     assert entry.pop("since")
-    assert entry == {"conversation_id": busy, "agent": "edited", "digest": v1, "turn_id": turn_id}
+    assert entry == {"conversation_id": busy.id, "agent": "edited", "digest": v1, "turn_id": turn_id}
 
-    assert (held[busy]["turn_id"], held[busy]["digest"]) == (turn_id, v1)
-    assert held[busy]["status"] == "completed" and held[busy]["output"] == "v1 passed the gate"
-    assert held[other_busy]["output"] == "other passed the gate"
+    assert (held_busy["turn_id"], held_busy["digest"]) == (turn_id, v1)
+    assert held_busy["status"] == "completed" and held_busy["output"] == "v1 passed the gate"
+    assert held_other["output"] == "other passed the gate"
     assert (after["digest"], after["output"]) == (v2, "v2: hello")
     assert (fresh["digest"], fresh["output"]) == (v2, "v2: hello")
     assert untouched["output"] == "other: hello"
@@ -106,20 +92,18 @@ async def test_a_broken_edit_is_rejected_and_the_old_set_keeps_serving(tmp_path:
         async with client_for(url) as client:
             assert (await watcher_live(client, defs))["status"] == "applied"
             before = await set_digest(client)
-            conversation = await create_conversation(client, "edited")
+            conversation = await Conversation.create(client, "edited")
             with anyio.fail_after(20):
-                async with anyio.create_task_group() as tg:
-                    events = await tg.start(follow_server_events, client, named("definitions.rejected"))
+                async with server_events(client) as events:
                     write_atomic(defs / "edited.yaml", broken_edited_yaml())
-                rejected = events[-1].data
+                    rejected = (await events.wait(named("definitions.rejected"))).data
                 latest = (await swaps(client))[0]
-                kept = await say(client, conversation, "hello")
+                kept = await conversation.say("hello")
                 still = await set_digest(client)
-                async with anyio.create_task_group() as tg:
-                    events = await tg.start(follow_server_events, client, named("definitions.swapped"))
+                async with server_events(client) as events:
                     write_atomic(defs / "edited.yaml", edited_yaml("v2"))
-                swapped = events[-1].data
-                fixed = await say(client, conversation, "hello")
+                    swapped = (await events.wait(named("definitions.swapped"))).data
+                fixed = await conversation.say("hello")
                 now = await set_digest(client)
 
     assert rejected["status"] == "rejected" and rejected["trigger"] == "watch"
@@ -149,16 +133,16 @@ async def test_a_burst_of_writes_ends_in_the_final_state_and_applies_nothing_bet
             for i in range(1, 21):
                 staged.append(defs / f".edited.yaml.{i}")
                 write_atomic(staged[-1], edited_yaml(f"b{i}") if i % 2 == 0 else broken_edited_yaml(f"b{i}"))
-            started = time.monotonic()
-            for path in staged:
-                os.replace(path, defs / "edited.yaml")
-            elapsed = time.monotonic() - started
-            final = Compiler(defs).compile().digest
-            with anyio.fail_after(15):
-                while await set_digest(client) != final:
-                    await anyio.sleep(0.02)
+            async with server_events(client) as events:
+                started = time.monotonic()
+                for path in staged:
+                    os.replace(path, defs / "edited.yaml")
+                elapsed = time.monotonic() - started
+                final = Compiler(defs).compile().digest
+                with anyio.fail_after(15):  # the set served once a report says so
+                    await events.wait(swap_reported(lambda report: report["current"] == final))
             history = await swaps(client)
-            answer = await say(client, await create_conversation(client, "edited"), "hello")
+            answer = await (await Conversation.create(client, "edited")).say("hello")
 
     assert elapsed < 0.1
     reports = history[: len(history) - seen]
@@ -227,6 +211,7 @@ async def test_turns_in_flight_through_ten_swaps_complete_on_the_digest_they_sta
     port = listener.extra(anyio.abc.SocketAttribute.local_port)
     defs = tmp_path / "defs"
     write_atomic(defs / "load.yaml", load_yaml("s0", port))
+    conversations: dict[str, Conversation] = {}
     results: dict[str, list[dict[str, Any]]] = {}
     reports: list[dict[str, Any]] = []
     async with listener, anyio.create_task_group() as endpoint:
@@ -237,10 +222,11 @@ async def test_turns_in_flight_through_ten_swaps_complete_on_the_digest_they_sta
                 stop = anyio.Event()
 
                 async def converse() -> None:
-                    conversation_id = await create_conversation(client, "worker")
-                    results[conversation_id] = [await say(client, conversation_id, "hold")]
+                    conversation = await Conversation.create(client, "worker")
+                    conversations[conversation.id] = conversation
+                    results[conversation.id] = [await conversation.say("hold")]
                     if not stop.is_set():  # a new turn, starting while the last swaps happen
-                        results[conversation_id].append(await say(client, conversation_id, "hello"))
+                        results[conversation.id].append(await conversation.say("hello"))
 
                 with anyio.fail_after(60):
                     async with anyio.create_task_group() as tg:
@@ -249,12 +235,12 @@ async def test_turns_in_flight_through_ten_swaps_complete_on_the_digest_they_sta
                         await hold.all_arrived.wait()
                         for i in range(1, SWAPS + 1):
                             write_atomic(defs / "load.yaml", load_yaml(f"s{i}", port))
-                            reports.append((await client.post("/v1/definitions/reload")).json())
+                            reports.append(await reload(client))
                             if i == SWAPS // 2:
                                 hold.released.set()  # the held turns end while the next swaps happen
                         stop.set()
                     last_turns = {cid: r[-1]["turn_id"] for cid, r in results.items()}
-                    announced, stored = await gather_turns(client, last_turns)
+                    announced, stored = await gather_turns(conversations, last_turns)
         endpoint.cancel_scope.cancel()
 
     assert [r["status"] for r in reports] == ["applied"] * SWAPS
@@ -279,17 +265,18 @@ async def test_turns_in_flight_through_ten_swaps_complete_on_the_digest_they_sta
         assert order == sorted(order)  # a by-name conversation never goes back to an older digest
 
 
-async def gather_turns(client: httpx.AsyncClient, last_turns: dict[str, str]
+async def gather_turns(conversations: dict[str, Conversation], last_turns: dict[str, str]
                        ) -> tuple[dict[str, dict[str, str]], dict[str, list[dict[str, Any]]]]:
     """For each conversation: turn_id -> the digest its `turn.started` announced; its stored turns."""
     announced: dict[str, dict[str, str]] = {}
     stored: dict[str, list[dict[str, Any]]] = {}
 
     async def read(conversation_id: str, last_turn: str) -> None:
-        events = await read_events(client, conversation_id, ended(last_turn))
+        conversation = conversations[conversation_id]
+        events = await conversation.events(ended(last_turn))
         announced[conversation_id] = {e.data["turn_id"]: e.data["digest"]
                                       for e in events if e.name == "turn.started"}
-        stored[conversation_id] = await turns(client, conversation_id)
+        stored[conversation_id] = await conversation.turns()
 
     async with anyio.create_task_group() as tg:
         for conversation_id, last_turn in last_turns.items():

@@ -28,11 +28,14 @@ from server.compiler.definitions import MCPServerDefinition
 from server.tools.base import ToolOutput
 from server.tools.mcp.catalog import render_result, tool_name
 from server.tools.mcp.connections import MCPConnections
-from tests.conftest import corral_server, write_tree
 from tests.fakes.uvicorn_thread import serve
-from tests.live import follow_server_events, named
 from tests.mcp_fixture_server import fixture_app
-from tests.pids import alive, wait_until
+from tests.support.client import Conversation, talk
+from tests.support.events import named, server_events
+from tests.support.processes import alive, wait_until
+from tests.support.servers import corral_server
+from tests.support.swaps import reload
+from tests.support.trees import write_tree
 
 pytestmark = pytest.mark.anyio
 
@@ -136,16 +139,12 @@ async def client(base_url: str) -> AsyncIterator[httpx.AsyncClient]:
 
 async def say(client: httpx.AsyncClient, agent: str, *messages: str) -> list[str]:
     """Send `messages` in order in one new conversation of `agent`; their answers."""
-    r = await client.post("/v1/conversations", json={"agent": agent})
-    assert r.status_code == 201, r.text
+    conversation = await Conversation.create(client, agent)
     answers = []
     for message in messages:
-        with anyio.fail_after(30):
-            reply = await client.post(f"/v1/conversations/{r.json()['id']}/messages",
-                                      json={"content": message})
-        assert reply.status_code == 200, reply.text
-        assert reply.json()["status"] == "completed", reply.text
-        answers.append(reply.json()["output"])
+        answer = await conversation.say(message, bound=30)
+        assert answer["status"] == "completed", answer
+        answers.append(answer["output"])
     return answers
 
 
@@ -214,10 +213,9 @@ async def drift_is_reported_or_refused(defs: Path, variant: Path, tmp_path: Path
     with corral_server(defs, tmp_path / "open") as url:  # unlocked: reported, accepted
         async with httpx.AsyncClient(base_url=url, timeout=30, trust_env=False) as client:
             with anyio.fail_after(30):
-                async with anyio.create_task_group() as tg:
-                    seen = await tg.start(follow_server_events, client, named("mcp.catalog_drift"))
+                async with server_events(client) as events:
                     assert await say(client, "calc", "remote echo hi") == ["echo=hi"]
-            drifted = seen[-1].data
+                    drifted = (await events.wait(named("mcp.catalog_drift"))).data
             assert drifted["server"] == "remote" and drifted["expected"] == catalogs["remote"]
             assert drifted["observed"] != catalogs["remote"] and drifted["refused"] is False
 
@@ -253,17 +251,8 @@ async def test_an_edited_definition_gets_a_new_connection_and_the_old_one_closes
             (unavailable,) = await connections.tools(new, v2.root, only="pid")
             output = await unavailable.call({}, None)  # type: ignore[arg-type]
             assert output.is_error and "could not be started" in output.content
-            while _alive(first):  # the idle old connection is closed: its process ends
-                await anyio.sleep(0.02)
+            await wait_until(lambda: not alive(first), bound=30)  # the idle old connection is closed
             tg.cancel_scope.cancel()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_names_and_results_as_the_model_sees_them() -> None:
@@ -289,12 +278,10 @@ async def test_a_server_removed_by_a_swap_is_stopped(tmp_path: Path) -> None:
     })
     with corral_server(root, tmp_path / "state") as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            conversation = (await client.post("/v1/conversations", json={"agent": "calc"})).json()["id"]
-            answer = (await client.post(f"/v1/conversations/{conversation}/messages",
-                                        json={"content": "pid"})).json()
+            _, answer = await talk(client, "calc", "pid", bound=30)
             pid = int(answer["output"].removeprefix("pid="))
             assert alive(pid)
             (root / "servers.yaml").unlink()
             (root / "agents.yaml").write_text("kind: Agent\nname: calc\nmodel: scripted\n")
-            assert (await client.post("/v1/definitions/reload")).json()["status"] == "applied"
+            assert (await reload(client))["status"] == "applied"
             await wait_until(lambda: not alive(pid), bound=15)

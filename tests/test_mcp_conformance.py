@@ -18,14 +18,12 @@ import os
 import shutil
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import corral_server
+from tests.support.servers import REPO, REPO_DEFINITIONS, corral_server
 
-REPO = Path(__file__).resolve().parent.parent
 VERSION = "0.1.13"
 PACKAGE = REPO / ".conformance" / "node_modules" / "@modelcontextprotocol" / "conformance"
 TIMEOUT_S = 90
@@ -101,7 +99,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict
     """Run SCENARIOS all at once: scenario -> {"exit": code, "checks": [...], "output": text}."""
     suite = _suite()
     tmp = tmp_path_factory.mktemp("conformance")
-    with corral_server(REPO / "definitions", tmp / "state") as base_url:
+    with corral_server(REPO_DEFINITIONS, tmp / "state") as base_url:
         running = {
             name: subprocess.Popen(
                 [*suite, "server", "--url", f"{base_url}/mcp", "--scenario", name, "-o", str(tmp / name)],

@@ -29,10 +29,10 @@ from mcp.client.subscriptions import ToolsListChanged
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
-from tests.conftest import corral_server, write_tree
+from tests.support.servers import REPO, REPO_DEFINITIONS, corral_server
+from tests.support.trees import write_tree
 
 pytestmark = pytest.mark.anyio
-REPO = Path(__file__).resolve().parent.parent
 ERA = {"auto": "2026-07-28", "legacy": "2025-11-25"}
 REQUEST_TIMEOUT = -32001
 
@@ -104,7 +104,7 @@ class Target:
                 ids="-".join)
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
     definitions = tmp_path / "definitions"
-    shutil.copytree(REPO / "definitions", definitions)
+    shutil.copytree(REPO_DEFINITIONS, definitions)
     write_tree(definitions, EXTRA)
     transport, mode = request.param
     found = Target(transport, mode, definitions, tmp_path / "state")
@@ -236,7 +236,7 @@ MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": 
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
 async def test_api_key_guards_mcp(tmp_path: Path, mode: str) -> None:
-    with corral_server(REPO / "definitions", tmp_path / "state", api_keys="k") as url:
+    with corral_server(REPO_DEFINITIONS, tmp_path / "state", api_keys="k") as url:
         async with httpx.AsyncClient() as raw:
             refused = await raw.post(url + "/mcp", json=INITIALIZE, headers=MCP_HEADERS)
         assert refused.status_code == 401

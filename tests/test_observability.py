@@ -17,10 +17,11 @@ import anyio
 import httpx
 import pytest
 
-from tests.conftest import corral_server, write_tree
 from tests.fakes import FakeOpenAI, Status, serve
-from tests.live import gated_definitions, named, open_gate, read_events, sse
-from tests.server_process import ServerProcess
+from tests.support.client import Conversation
+from tests.support.events import conversation_events, named
+from tests.support.servers import ServerProcess, corral_server
+from tests.support.trees import gated_definitions, open_gate, write_tree
 
 SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*)(?:\{(.*)\})? (\S+)$")
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -44,8 +45,8 @@ def family(samples: Samples, name: str) -> dict[tuple[tuple[str, str], ...], flo
     return {tuple(sorted(labels)): value for labels, value in samples.get(name, {}).items()}
 
 
-def metrics(client: httpx.Client) -> Samples:
-    response = client.get("/metrics")
+async def metrics(client: httpx.AsyncClient) -> Samples:
+    response = await client.get("/metrics")
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
     return parse(response.text)
 
@@ -91,31 +92,26 @@ def definitions(root: Path, fake_url: str) -> Path:
     })
 
 
-def send(client: httpx.Client, cid: str, content: str) -> dict:
-    reply = client.post(f"/v1/conversations/{cid}/messages", json={"content": content})
-    assert reply.status_code == 200, reply.text
-    return reply.json()
-
-
-def test_counters_after_a_known_sequence(tmp_path: Path) -> None:
+@pytest.mark.anyio
+async def test_counters_after_a_known_sequence(tmp_path: Path) -> None:
     fake = FakeOpenAI()
     with serve(fake.app) as fake_url, corral_server(definitions(tmp_path / "defs", fake_url),
-                                                     tmp_path / "state") as url, \
-            httpx.Client(base_url=url, timeout=20, trust_env=False) as client:
-        first = metrics(client)
-        assert family(first, "corral_busy_conversations") == {(): 0}
-        assert family(first, "corral_active_streams") == {(): 0}
-        a = client.post("/v1/conversations", json={"agent": "a"}).json()["id"]
-        b = client.post("/v1/conversations", json={"agent": "b"}).json()["id"]
-        assert send(client, a, "shout hi")["output"] == "HI"  # two model steps and a tool call
-        assert send(client, a, "plain")["status"] == "completed"  # one model step
-        fake.script(Status(400, error_type="invalid_request_error"))
-        assert send(client, b, "anything")["status"] == "failed"
-        (tmp_path / "defs" / "agents.yaml").write_text(AGENTS.format(description="second"))
-        assert client.post("/v1/definitions/reload").json()["status"] == "applied"
-        (tmp_path / "defs" / "broken.yaml").write_text("kind: Agent\nname: [not, a, name]\n")
-        assert client.post("/v1/definitions/reload").json()["status"] == "rejected"
-        seen = metrics(client)
+                                                     tmp_path / "state") as url:
+        async with httpx.AsyncClient(base_url=url, timeout=20, trust_env=False) as client:
+            first = await metrics(client)
+            assert family(first, "corral_busy_conversations") == {(): 0}
+            assert family(first, "corral_active_streams") == {(): 0}
+            a = await Conversation.create(client, "a")
+            b = await Conversation.create(client, "b")
+            assert (await a.say("shout hi"))["output"] == "HI"  # two model steps and a tool call
+            assert (await a.say("plain"))["status"] == "completed"  # one model step
+            fake.script(Status(400, error_type="invalid_request_error"))
+            assert (await b.say("anything"))["status"] == "failed"
+            (tmp_path / "defs" / "agents.yaml").write_text(AGENTS.format(description="second"))
+            assert (await client.post("/v1/definitions/reload")).json()["status"] == "applied"
+            (tmp_path / "defs" / "broken.yaml").write_text("kind: Agent\nname: [not, a, name]\n")
+            assert (await client.post("/v1/definitions/reload")).json()["status"] == "rejected"
+            seen = await metrics(client)
     a_, b_ = ("agent", "a"), ("agent", "b")
     assert family(seen, "corral_turns_total") == {
         (a_, ("outcome", "completed")): 2, (b_, ("outcome", "failed")): 1}
@@ -147,19 +143,18 @@ def gated_url(tmp_path: Path) -> Iterator[str]:
 async def test_busy_and_stream_gauges_follow_what_is_open(gated_url: str, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     async with httpx.AsyncClient(base_url=gated_url, timeout=20, trust_env=False) as client:
-        cid = (await client.post("/v1/conversations", json={"agent": "gated"})).json()["id"]
+        conversation = await Conversation.create(client, "gated")
         try:
             with anyio.fail_after(20):
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(send_async, client, cid, f"wait {gate}")
-                    await read_events(client, cid, named("tool.started"))
-                    await wait_for_gauge(client, "corral_active_streams", 0)  # read_events has left
+                    tg.start_soon(conversation.send, f"wait {gate}")
+                    await conversation.events(named("tool.started"))
+                    await wait_for_gauge(client, "corral_active_streams", 0)  # that reader has left
                     now = parse((await client.get("/metrics")).text)
                     assert family(now, "corral_busy_conversations") == {(): 1}
-                    async with client.stream("GET", f"/v1/conversations/{cid}/events") as response:
-                        # Held in a name: a generator left by `break` is closed when collected, and
-                        # would take the connection with it.
-                        events = sse(response)
+                    # Held in a name: a generator left by `break` is closed when collected, and would
+                    # take the connection with it.
+                    async with conversation_events(client, conversation.id) as events:
                         assert (await anext(events)).name == "turn.started"  # counted by now
                         assert gauge_of(await client.get("/metrics"), "corral_active_streams") == 1
                         open_gate(gate)
@@ -168,15 +163,12 @@ async def test_busy_and_stream_gauges_follow_what_is_open(gated_url: str, tmp_pa
                     await wait_for_gauge(client, "corral_active_streams", 0)
         finally:
             open_gate(gate)
+    [reply] = conversation.replies
+    assert reply.json()["status"] == "completed", reply.text
 
 
 def gauge_of(response: httpx.Response, name: str) -> float:
     return family(parse(response.text), name)[()]
-
-
-async def send_async(client: httpx.AsyncClient, cid: str, content: str) -> None:
-    reply = await client.post(f"/v1/conversations/{cid}/messages", json={"content": content})
-    assert reply.json()["status"] == "completed", reply.text
 
 
 def test_json_logs_carry_the_request_id(tmp_path: Path) -> None:

@@ -8,18 +8,15 @@ client actually parses.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import anyio
 import httpx
 import openai
 import pytest
 
-from tests.conftest import corral_server
+from tests.support.servers import REPO_DEFINITIONS, corral_server
 
 pytestmark = pytest.mark.anyio
-
-REPO_DEFINITIONS = Path(__file__).resolve().parent.parent / "definitions"
 
 
 @pytest.fixture(scope="module")

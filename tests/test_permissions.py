@@ -14,6 +14,7 @@ import shutil
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,10 @@ import mcp.types as types
 import pytest
 from mcp import Client
 
-from tests.conftest import corral_server, write_tree
-from tests.live import ended, named, read_events, sse
+from tests.support.client import Conversation
+from tests.support.events import ended, named, read_events
+from tests.support.servers import corral_server
+from tests.support.trees import write_tree
 
 pytestmark = pytest.mark.anyio
 PY = sys.executable
@@ -98,12 +101,6 @@ async def client(served: Served) -> AsyncIterator[httpx.AsyncClient]:
         yield http
 
 
-async def conversation(client: httpx.AsyncClient, agent: str = "careful") -> str:
-    created = await client.post("/v1/conversations", json={"agent": agent})
-    assert created.status_code == 201, created.text
-    return created.json()["id"]
-
-
 async def asked(client: httpx.AsyncClient, conversation_id: str) -> dict[str, Any]:
     """The first permission request of the conversation (waiting for it to come)."""
     return (await read_events(client, conversation_id, named("permission.requested")))[-1].data
@@ -121,42 +118,35 @@ async def audit(client: httpx.AsyncClient, conversation_id: str) -> list[dict[st
     return reply.json()["items"]
 
 
-async def answered(client: httpx.AsyncClient, conversation_id: str, content: str, decision: str,
+async def answered(conversation: Conversation, content: str, decision: str,
                    **fields: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """Send `content`, answer the permission request it makes; the request and the turn's answer."""
-    replies: list[httpx.Response] = []
-
-    async def send() -> None:
-        replies.append(await client.post(f"/v1/conversations/{conversation_id}/messages",
-                                         json={"content": content, **fields}))
-
+    client, sent = conversation.client, len(conversation.replies)
     with anyio.fail_after(20):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(send)
-            request = await asked(client, conversation_id)
-            decided = await decide(client, conversation_id, request["request_id"], decision)
+            tg.start_soon(partial(conversation.send, content, **fields))
+            request = await asked(client, conversation.id)
+            decided = await decide(client, conversation.id, request["request_id"], decision)
             assert decided.status_code == 200, decided.text
-    [reply] = replies
+    [reply] = conversation.replies[sent:]
     assert reply.status_code == 200, reply.text
     return request, reply.json()
 
 
 async def test_ask_waits_for_a_yes_then_the_turn_goes_on(served: Served, client: httpx.AsyncClient) -> None:
-    conversation_id = await conversation(client)
-    body = {"content": "run echo approved", "stream": True}
+    conversation = await Conversation.create(client, "careful")
+    conversation_id = conversation.id
     streamed = []
     with anyio.fail_after(20):
-        async with client.stream("POST", f"/v1/conversations/{conversation_id}/messages", json=body) as r:
-            assert r.status_code == 200
-            async for event in sse(r):
+        async with conversation.streaming("run echo approved") as events:
+            async for event in events:
                 streamed.append(event)
                 if event.name != "permission.requested":
                     continue
                 request = event.data
                 turn_id = streamed[0].data["turn_id"]
-                status = (await client.get(f"/v1/conversations/{conversation_id}")).json()["status"]
-                assert status == "waiting"
-                turns = (await client.get(f"/v1/conversations/{conversation_id}/turns")).json()["items"]
+                assert (await conversation.get())["status"] == "waiting"
+                turns = await conversation.turns()
                 assert [(t["id"], t["status"]) for t in turns] == [(turn_id, "waiting")]
                 [pending] = await audit(client, conversation_id)
                 assert pending["status"] == "pending" and pending["decided_by"] is None
@@ -174,8 +164,8 @@ async def test_ask_waits_for_a_yes_then_the_turn_goes_on(served: Served, client:
     said = "".join(e.data["text"] for e in streamed if e.name == "message.delta")
     assert said == "tool said: ran: echo approved"
     assert "echo approved" in served.ran()
-    assert (await client.get(f"/v1/conversations/{conversation_id}")).json()["status"] == "idle"
-    turns = (await client.get(f"/v1/conversations/{conversation_id}/turns")).json()["items"]
+    assert (await conversation.get())["status"] == "idle"
+    turns = await conversation.turns()
     assert [t["status"] for t in turns] == ["completed"]
     [record] = await audit(client, conversation_id)
     assert record["request_id"] == request["request_id"] and record["status"] == "allowed"
@@ -187,54 +177,50 @@ async def test_ask_waits_for_a_yes_then_the_turn_goes_on(served: Served, client:
     assert (await audit(client, conversation_id))[0]["status"] == "allowed"
     unknown = await decide(client, conversation_id, "perm_nope", "allow")
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "not_found"
-    elsewhere = await decide(client, await conversation(client), request["request_id"], "allow")
+    elsewhere = await decide(client, (await Conversation.create(client, "careful")).id, request["request_id"],
+                             "allow")
     assert elsewhere.status_code == 404
     bad = await decide(client, conversation_id, request["request_id"], "maybe")
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_request"
 
 
 async def test_deny_is_a_refusal_the_model_reads(served: Served, client: httpx.AsyncClient) -> None:
-    conversation_id = await conversation(client)
-    request, answer = await answered(client, conversation_id, "run echo refused", "deny")
+    conversation = await Conversation.create(client, "careful")
+    request, answer = await answered(conversation, "run echo refused", "deny")
     assert answer["status"] == "completed"
     assert answer["output"] == "tool said: permission denied for risky: denied by a person"
     [result] = [m for m in answer["messages"] if m["role"] == "tool"]
     assert result["is_error"] and "echo refused" not in served.ran()
-    [record] = await audit(client, conversation_id)
+    [record] = await audit(client, conversation.id)
     assert (record["request_id"], record["status"], record["decided_by"]) == (request["request_id"], "denied",
                                                                               "anonymous")
 
 
 async def test_a_hook_that_asks_tightens_an_allowed_tool(served: Served, client: httpx.AsyncClient) -> None:
-    conversation_id = await conversation(client, "hooked")
-    request, answer = await answered(client, conversation_id, "tame echo hooked", "allow")
+    conversation = await Conversation.create(client, "hooked")
+    request, answer = await answered(conversation, "tame echo hooked", "allow")
     assert request["name"] == "tame" and request["reason"] == "tame needs a human"
     assert answer["output"] == "tool said: ran: echo hooked" and "echo hooked" in served.ran()
 
 
 async def test_a_second_message_while_waiting_follows_the_busy_rules(served: Served,
                                                                    client: httpx.AsyncClient) -> None:
-    conversation_id = await conversation(client)
-    url = f"/v1/conversations/{conversation_id}/messages"
-    replies: list[httpx.Response] = []
-
-    async def send(content: str) -> None:
-        replies.append(await client.post(url, json={"content": content}))
-
+    conversation = await Conversation.create(client, "careful")
+    conversation_id = conversation.id
     with anyio.fail_after(20):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(send, "run echo never approved")
+            tg.start_soon(conversation.send, "run echo never approved")
             request = await asked(client, conversation_id)
-            rejected = await client.post(url, json={"content": "hello"})
+            rejected = await conversation.send("hello")
             assert rejected.status_code == 409
             assert rejected.json()["error"]["code"] == "conversation_busy"
             assert rejected.json()["error"]["details"]["turn_id"] == request["turn_id"]
-            second = await client.post(url, json={"content": "hello", "if_busy": "interrupt"})
+            second = await conversation.send("hello", if_busy="interrupt")
     assert second.status_code == 200 and second.json()["status"] == "completed"
     assert second.json()["output"] == "hello"
-    [first] = replies
+    [first] = [r for r in conversation.replies if r is not rejected and r is not second]
     assert first.json()["turn_id"] == request["turn_id"] and first.json()["status"] == "cancelled"
-    turns = (await client.get(f"/v1/conversations/{conversation_id}/turns")).json()["items"]
+    turns = await conversation.turns()
     assert [t["status"] for t in turns] == ["cancelled", "completed"]
     assert "echo never approved" not in served.ran()
     [record] = await audit(client, conversation_id)
@@ -247,15 +233,13 @@ async def test_a_second_message_while_waiting_follows_the_busy_rules(served: Ser
 async def test_an_unanswered_request_expires_as_a_deny(tmp_path: Path) -> None:
     with serving(tmp_path, permission_timeout_s=1) as served:
         async with httpx.AsyncClient(base_url=served.url, timeout=15, trust_env=False) as client:
-            conversation_id = await conversation(client)
-            with anyio.fail_after(20):
-                reply = await client.post(f"/v1/conversations/{conversation_id}/messages",
-                                          json={"content": "run echo too late"})
-            assert reply.status_code == 200 and reply.json()["status"] == "completed"
-            assert reply.json()["output"] == (
+            conversation = await Conversation.create(client, "careful")
+            answer = await conversation.say("run echo too late", bound=20)
+            assert answer["status"] == "completed"
+            assert answer["output"] == (
                 "tool said: permission denied for risky: the permission request expired after 1s")
-            [record] = await audit(client, conversation_id)
-            late = await decide(client, conversation_id, record["request_id"], "allow")
+            [record] = await audit(client, conversation.id)
+            late = await decide(client, conversation.id, record["request_id"], "allow")
     assert record["status"] == "expired" and record["decided_by"] == "expiry"
     assert record["decided_at"] >= record["expires_at"] > record["requested_at"]
     assert late.status_code == 409 and "echo too late" not in served.ran()
@@ -267,11 +251,11 @@ async def test_a_decision_names_the_key_by_its_fingerprint(tmp_path: Path) -> No
     with serving(tmp_path, api_keys=f"other-key,{KEY}") as served:
         async with httpx.AsyncClient(base_url=served.url, timeout=15, trust_env=False,
                                      headers=headers) as client:
-            conversation_id = await conversation(client)
-            request, answer = await answered(client, conversation_id, "run echo keyed", "allow")
-            raw = (await client.get(f"/v1/conversations/{conversation_id}/permissions")).text
+            conversation = await Conversation.create(client, "careful")
+            request, answer = await answered(conversation, "run echo keyed", "allow")
+            raw = (await client.get(f"{conversation.path}/permissions")).text
             async with httpx.AsyncClient(base_url=served.url, trust_env=False) as anonymous:
-                refused = await decide(anonymous, conversation_id, request["request_id"], "deny")
+                refused = await decide(anonymous, conversation.id, request["request_id"], "deny")
     assert answer["output"] == "tool said: ran: echo keyed"
     [record] = json.loads(raw)["items"]
     assert record["decided_by"] == fingerprint and record["decided_at"]

@@ -15,16 +15,10 @@ import anyio
 import httpx
 import pytest
 
-from tests.conftest import corral_server
-from tests.swapping import (
-    agent_digest,
-    create_conversation,
-    edited_yaml,
-    say,
-    turns,
-    versioned_definitions,
-    write_atomic,
-)
+from tests.support.client import Conversation
+from tests.support.servers import corral_server
+from tests.support.swaps import reload
+from tests.support.trees import agent_digest, edited_yaml, versioned_definitions, write_atomic
 
 pytestmark = pytest.mark.anyio
 
@@ -33,12 +27,6 @@ NEVER_SERVED = "sha256:" + "0" * 64
 
 def client_for(base_url: str) -> httpx.AsyncClient:
     return httpx.AsyncClient(base_url=base_url, timeout=20, trust_env=False)
-
-
-async def reload(client: httpx.AsyncClient) -> dict:
-    r = await client.post("/v1/definitions/reload")
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 async def edit_and_reload(client: httpx.AsyncClient, defs: Path, version: str) -> str:
@@ -55,24 +43,22 @@ async def test_a_pinned_conversation_keeps_its_digest_across_edits_and_restarts(
     with anyio.fail_after(60):
         with corral_server(defs, state) as url:
             async with client_for(url) as client:
-                r = await client.post("/v1/conversations", json={"agent": f"edited@{v1}"})
-                assert r.status_code == 201, r.text
-                created = r.json()
+                pinned = await Conversation.create(client, f"edited@{v1}")
+                created = pinned.created
                 assert (created["digest"], created["pinned"], created["agent_name"]) == (v1, True, "edited")
-                pinned = created["id"]
-                by_name = await create_conversation(client, "edited")
-                first = [await say(client, c, "hello") for c in (pinned, by_name)]
+                by_name = await Conversation.create(client, "edited")
+                first = [await c.say("hello") for c in (pinned, by_name)]
                 v2 = await edit_and_reload(client, defs, "v2")
-                second = [await say(client, c, "hello") for c in (pinned, by_name)]
+                second = [await c.say("hello") for c in (pinned, by_name)]
         write_atomic(defs / "edited.yaml", edited_yaml("v3"))  # while the server is down
         v3 = agent_digest(defs)
         with corral_server(defs, state) as url:
             async with client_for(url) as client:
-                third = [await say(client, c, "hello") for c in (pinned, by_name)]
+                third = [await c.through(client).say("hello") for c in (pinned, by_name)]
                 # v2 was served by the previous process only; it still resolves
-                late = await create_conversation(client, f"edited@{v2}")
-                late_answer = await say(client, late, "hello")
-                stored = await turns(client, pinned)
+                late = await Conversation.create(client, f"edited@{v2}")
+                late_answer = await late.say("hello")
+                stored = await pinned.through(client).turns()
                 listed = (await client.get("/v1/conversations", params={"digest": v1})).json()["items"]
 
     assert len({v1, v2, v3}) == 3
@@ -81,7 +67,7 @@ async def test_a_pinned_conversation_keeps_its_digest_across_edits_and_restarts(
     assert [(a["digest"], a["output"]) for a in third] == [(v1, "v1: hello"), (v3, "v3: hello")]
     assert (late_answer["digest"], late_answer["output"]) == (v2, "v2: hello")
     assert [t["digest"] for t in stored] == [v1, v1, v1]
-    assert pinned in {c["id"] for c in listed}
+    assert pinned.id in {c["id"] for c in listed}
 
 
 async def test_aliases_move_new_conversations_between_digests(tmp_path: Path) -> None:
@@ -95,10 +81,9 @@ async def test_aliases_move_new_conversations_between_digests(tmp_path: Path) ->
                 return await client.put(f"/v1/agents/edited/aliases/{alias}", json={"digest": digest})
 
             async def via(ref: str) -> tuple[str, str]:
-                r = await client.post("/v1/conversations", json={"agent": ref})
-                assert r.status_code == 201, r.text
-                answer = await say(client, r.json()["id"], "hello")
-                assert answer["digest"] == r.json()["digest"]
+                conversation = await Conversation.create(client, ref)
+                answer = await conversation.say("hello")
+                assert answer["digest"] == conversation.created["digest"]
                 return answer["digest"], answer["output"]
 
             with anyio.fail_after(30):

@@ -18,16 +18,16 @@ import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import anyio
 import httpx
 import pytest
 
 from server.tools.processes import Finished, run_process
-from tests.conftest import write_tree
-from tests.pids import alive, wait_until
-from tests.server_process import ServerProcess
+from tests.support.client import Conversation
+from tests.support.processes import alive, wait_until
+from tests.support.servers import ServerProcess
+from tests.support.trees import write_tree
 
 PY = sys.executable
 TREE_PY = """import os, sys, time
@@ -148,26 +148,17 @@ def tree_definitions(root: Path) -> Path:
     })
 
 
-async def post_turn(client: httpx.AsyncClient, cid: str, content: str, answers: list[Any]) -> None:
-    """A turn whose answer never comes (the server is killed): the error."""
-    try:
-        answers.append(await client.post(f"/v1/conversations/{cid}/messages", json={"content": content}))
-    except httpx.HTTPError as exc:
-        answers.append(exc)
-
-
 async def test_a_killed_server_takes_its_tools_processes_with_it(tmp_path: Path, pidfile: Path) -> None:
     defs = tree_definitions(tmp_path / "defs")
-    answers: list[Any] = []
     with ServerProcess(defs, tmp_path / "state") as server, anyio.fail_after(40):
         async with httpx.AsyncClient(base_url=server.url, timeout=30, trust_env=False) as client:
-            cid = (await client.post("/v1/conversations", json={"agent": "trees"})).json()["id"]
+            conversation = await Conversation.create(client, "trees")
             async with anyio.create_task_group() as group:
-                group.start_soon(post_turn, client, cid, f"tree {pidfile}", answers)
+                group.start_soon(conversation.try_send, f"tree {pidfile}")  # never answered: the server dies
                 await wait_until(pidfile.exists, bound=20)
                 pids = pids_in(pidfile)
                 assert all(alive(pid) for pid in pids)
                 server.signal(signal.SIGKILL)
                 await anyio.to_thread.run_sync(server.wait, 10)
-    assert isinstance(answers[0], httpx.HTTPError)
+    assert conversation.lost and not conversation.replies
     await wait_until(lambda: none_alive(pids))

@@ -27,8 +27,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import corral_server, write_tree
-from tests.server_process import ROOT, ServerProcess, clean_environ
+from tests.support.client import talk
+from tests.support.servers import REPO, ServerProcess, clean_environ, corral_server
+from tests.support.trees import write_tree
 
 TREE = {
     "agent.yaml": r"""
@@ -107,7 +108,7 @@ def planted(placement: Placement, root: Path) -> Iterator[Path]:
 
 def validate(root: Path) -> subprocess.CompletedProcess[str]:
     """`corral validate ROOT`, bounded: a hang is a TimeoutExpired, not a stuck test run."""
-    return subprocess.run([sys.executable, "-m", "server.cli", "validate", str(root)], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "server.cli", "validate", str(root)], cwd=REPO,
                           env=clean_environ(), capture_output=True, text=True, timeout=30)
 
 
@@ -186,30 +187,30 @@ def test_reload_rejects_a_fifo_and_applies_once_it_is_gone(defs: Path, tmp_path:
         assert client.get("/healthz").status_code == 200
 
 
-def test_read_skill_resource_on_a_fifo_is_a_tool_error(defs: Path, tmp_path: Path) -> None:
+@pytest.mark.anyio
+async def test_read_skill_resource_on_a_fifo_is_a_tool_error(defs: Path, tmp_path: Path) -> None:
     state = tmp_path / "state"
-    with corral_server(defs, state) as url, httpx.Client(base_url=url, timeout=15, trust_env=False) as client:
-        todo = defs / "skills/notes/todo.txt"
-        with planted(Placement("resource", "skills/notes/todo.txt", ""), defs):
-            # The compiled content was kept (server/deployment/vault.py): that is what the model reads.
-            as_compiled = tool_result(client, "read todo.txt")
-            assert not as_compiled["is_error"] and as_compiled["content"] == "as compiled\n"
-            kept = list((state / "files").glob("*/todo.txt"))
-            assert kept
-            for copy in kept:
-                copy.unlink()
-            refused = tool_result(client, "read todo.txt")
-        assert todo.is_fifo()
-        assert refused["is_error"]
-        assert refused["content"].startswith("todo.txt changed since this definition was compiled")
+    with corral_server(defs, state) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=15, trust_env=False) as client:
+            todo = defs / "skills/notes/todo.txt"
+            with planted(Placement("resource", "skills/notes/todo.txt", ""), defs):
+                # The compiled content was kept (server/deployment/vault.py): that is what the model reads.
+                as_compiled = await tool_result(client, "read todo.txt")
+                assert not as_compiled["is_error"] and as_compiled["content"] == "as compiled\n"
+                kept = list((state / "files").glob("*/todo.txt"))
+                assert kept
+                for copy in kept:
+                    copy.unlink()
+                refused = await tool_result(client, "read todo.txt")
+            assert todo.is_fifo()
+            assert refused["is_error"]
+            assert refused["content"].startswith("todo.txt changed since this definition was compiled")
 
 
-def tool_result(client: httpx.Client, content: str) -> dict[str, Any]:
-    created = client.post("/v1/conversations", json={"agent": "helper"})
-    assert created.status_code == 201, created.text
-    reply = client.post(f"/v1/conversations/{created.json()['id']}/messages", json={"content": content})
-    assert reply.status_code == 200 and reply.json()["status"] == "completed", reply.text
-    [result] = [m for m in reply.json()["messages"] if m["role"] == "tool"]
+async def tool_result(client: httpx.AsyncClient, content: str) -> dict[str, Any]:
+    _, answer = await talk(client, "helper", content)
+    assert answer["status"] == "completed", answer
+    [result] = [m for m in answer["messages"] if m["role"] == "tool"]
     return result
 
 
@@ -272,7 +273,7 @@ STUCK = textwrap.dedent("""
 
 def test_a_stuck_compile_holds_up_neither_a_cancelled_reload_nor_the_exit() -> None:
     try:
-        done = subprocess.run([sys.executable, "-c", STUCK], cwd=ROOT, env=clean_environ(),
+        done = subprocess.run([sys.executable, "-c", STUCK], cwd=REPO, env=clean_environ(),
                               capture_output=True, text=True, timeout=30)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"a stuck compile kept the process alive: {exc.stdout!r} {exc.stderr!r}")

@@ -1,7 +1,8 @@
 """Security: API keys on every route, the bind refusal, request ids, limits, and no secret anywhere.
 
-The auth matrix walks the server's own `/openapi.json`, so a route added
-later is covered without touching this file. The secret scan runs a real
+The auth matrix walks the server's own `/openapi.json`, which is generated
+from the app's routes (`server.http.openapi`), so a route added later, `/mcp`
+included, is covered without touching this file. The secret scan runs a real
 `corral serve` process with JSON logs at debug level, feeds it secrets
 through every `${VAR}` a definition can hold, runs turns that succeed and
 fail, and then reads everything the server emitted: API bodies, SSE streams,
@@ -25,10 +26,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from tests.conftest import corral_server, write_tree
+from server.http import create_app
+from server.settings import Settings
 from tests.fakes import Call, FakeOpenAI, Reply, Status, serve
-from tests.live import Event, ended, gated_definitions, named, open_gate, read_events, sse
-from tests.server_process import ROOT, ServerProcess, clean_environ
+from tests.support.events import Event, ended, named, read_events, sse
+from tests.support.servers import REPO as ROOT
+from tests.support.servers import ServerProcess, clean_environ, corral_server
+from tests.support.trees import gated_definitions, open_gate, write_tree
 
 KEYS = ("key-one-3f9a1c7e52", "key-two-8d4b6e0a19")
 WRONG = ({"Authorization": "Bearer key-three-nope"}, {"Authorization": f"Basic {KEYS[0]}"},
@@ -75,6 +79,15 @@ def operations(client: httpx.Client) -> list[tuple[str, str]]:
     document = client.get("/openapi.json", headers=bearer(KEYS[0])).json()
     return [(method.upper(), re.sub(r"\{[^}]+\}", "dummy", path))
             for path, methods in document["paths"].items() for method in methods]
+
+
+def test_the_matrix_walks_every_route(keyed_url: str) -> None:
+    """Every method of every route the app serves, and nothing else (HEAD answers as GET does)."""
+    routes = [r for r in create_app(Settings()).routes if isinstance(r, Route)]
+    served = {(method, re.sub(r"\{[^}]+\}", "dummy", r.path))
+              for r in routes for method in r.methods or () if method != "HEAD"}
+    with httpx.Client(base_url=keyed_url, timeout=15, trust_env=False) as client:
+        assert set(operations(client)) == served
 
 
 def status_of(client: httpx.Client, method: str, path: str, headers: dict[str, str], body=None) -> int:

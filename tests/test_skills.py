@@ -19,7 +19,9 @@ import mcp.types as types
 import pytest
 from mcp import Client
 
-from tests.conftest import corral_server, write_tree
+from tests.support.client import talk
+from tests.support.servers import corral_server
+from tests.support.trees import write_tree
 
 pytestmark = pytest.mark.anyio
 BODY = "Fill every field of the form.\nRead `reference/forms.md` first."
@@ -78,13 +80,8 @@ def skill_dir(served: tuple[str, Path]) -> Path:
 
 async def tool_result(client: httpx.AsyncClient, content: str) -> dict[str, Any]:
     """Say `content` to the clerk in a new conversation; the one tool result of the turn."""
-    created = await client.post("/v1/conversations", json={"agent": "clerk"})
-    assert created.status_code == 201, created.text
-    with anyio.fail_after(20):
-        reply = await client.post(f"/v1/conversations/{created.json()['id']}/messages",
-                                  json={"content": content})
-    assert reply.status_code == 200 and reply.json()["status"] == "completed", reply.text
-    answer = reply.json()
+    _, answer = await talk(client, "clerk", content, bound=20)
+    assert answer["status"] == "completed", answer
     [result] = [m for m in answer["messages"] if m["role"] == "tool"]
     assert answer["output"] == result["content"].strip()  # the reply is {tool_result}: what the model read
     return result

@@ -32,7 +32,7 @@ from server.errors import DefinitionsInvalid
 from server.tools.base import MAX_OUTPUT_BYTES, ToolContext, ToolOutput
 from server.tools.command import CommandTool
 from server.tools.http import RESPONSE_LIMIT, HttpTool
-from tests.pids import alive, wait_until
+from tests.support.processes import alive, wait_until
 
 PY = sys.executable
 ARGV_PY = "import json, sys\nprint(json.dumps(sys.argv[1:]))\n"

@@ -9,7 +9,9 @@ import pytest
 
 from server.canonical import digest_bytes
 from server.deployment.vault import FileChanged, FileVault
-from tests.conftest import corral_server, write_tree
+from tests.support.client import Conversation
+from tests.support.servers import corral_server
+from tests.support.trees import write_tree
 
 DEFINITIONS = {
     "agent.yaml": """
@@ -54,25 +56,23 @@ def test_keep_skips_a_file_already_edited(tmp_path: Path) -> None:
     assert not (tmp_path / "vault").exists()
 
 
-def test_a_pinned_conversation_runs_the_script_its_digest_covered(tmp_path: Path) -> None:
+@pytest.mark.anyio
+async def test_a_pinned_conversation_runs_the_script_its_digest_covered(tmp_path: Path) -> None:
     root = write_tree(tmp_path / "defs", DEFINITIONS)
-    with corral_server(root, tmp_path / "state") as base, httpx.Client(base_url=base, timeout=30) as client:
-        digest = client.get("/v1/agents/a").json()["digest"]
-        pinned = client.post("/v1/conversations", json={"agent": f"a@{digest}"}).json()["id"]
-        (root / "scripts" / "say.py").write_text("print('version two')\n")
-        report = client.post("/v1/definitions/reload").json()
-        assert report["status"] == "applied"
-        current = client.post("/v1/conversations", json={"agent": "a"}).json()["id"]
-
-        def say(conversation: str) -> str:
-            answer = client.post(f"/v1/conversations/{conversation}/messages", json={"content": "say"})
-            return answer.json()["output"]
-
-        assert say(current) == "version two"
-        assert say(pinned) == "version one"
+    with corral_server(root, tmp_path / "state") as base:
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            digest = (await client.get("/v1/agents/a")).json()["digest"]
+            pinned = await Conversation.create(client, f"a@{digest}")
+            (root / "scripts" / "say.py").write_text("print('version two')\n")
+            report = (await client.post("/v1/definitions/reload")).json()
+            assert report["status"] == "applied"
+            current = await Conversation.create(client, "a")
+            assert (await current.say("say"))["output"] == "version two"
+            assert (await pinned.say("say"))["output"] == "version one"
 
 
-def test_a_pinned_skill_reads_its_files_after_a_restart(tmp_path: Path) -> None:
+@pytest.mark.anyio
+async def test_a_pinned_skill_reads_its_files_after_a_restart(tmp_path: Path) -> None:
     files = {
         "agent.yaml": """
             kind: Model
@@ -93,11 +93,13 @@ def test_a_pinned_skill_reads_its_files_after_a_restart(tmp_path: Path) -> None:
     }
     root = write_tree(tmp_path / "defs", files)
     state = tmp_path / "state"
-    with corral_server(root, state) as base, httpx.Client(base_url=base, timeout=30) as client:
-        digest = client.get("/v1/agents/a").json()["digest"]
-        pinned = client.post("/v1/conversations", json={"agent": f"a@{digest}"}).json()["id"]
+    with corral_server(root, state) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            digest = (await client.get("/v1/agents/a")).json()["digest"]
+            pinned = await Conversation.create(client, f"a@{digest}")
     (root / "skills" / "notes" / "facts.txt").write_text("the sky is green\n")  # a new digest on restart
-    with corral_server(root, state) as base, httpx.Client(base_url=base, timeout=30) as client:
-        answer = client.post(f"/v1/conversations/{pinned}/messages", json={"content": "read"}).json()
-        assert answer["digest"] == digest
-        assert answer["output"] == "the sky is blue"
+    with corral_server(root, state) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            answer = await pinned.through(client).say("read")
+            assert answer["digest"] == digest
+            assert answer["output"] == "the sky is blue"

@@ -1,7 +1,10 @@
 """The `corral` command line.
 
-Every verb prints errors to stderr and exits non-zero; none prints a
-traceback for an author or usage mistake.
+Every verb prints errors to stderr (one `error: message` line, or every
+definition error) and exits with the status `errors.ERRORS` gives the code:
+1 when the definitions or the lock are wrong or the work failed, 2 for a
+usage mistake, 3 when a server cannot be reached or is busy, 4 when refused,
+130 on Ctrl-C. None prints a traceback for an author or usage mistake.
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ from ..compiler import documents
 from ..compiler.compiler import Compiler
 from ..compiler.definitions import DefinitionSet
 from ..compiler.lockfile import LOCK_FILE, Lock, LockError, catalog_drift, drift, read_lock, write_lock
-from ..errors import CorralError, DefinitionsInvalid
+from ..errors import CorralError, DefinitionsInvalid, forms
 
 DEFAULT_DIR = "definitions"
+DRIFT = forms("lock_mismatch").exit  # `lock --check`: no lock, an unreadable one, or drift
 
 
 def _default_dir() -> str:
@@ -61,14 +65,14 @@ def cmd_lock(args: argparse.Namespace) -> int:
     except LockError as exc:
         if args.check:
             print(f"error: {exc}", file=sys.stderr)
-            return 1
+            return DRIFT
         locked = None
     if args.check and locked is None:
         print(f"error: no {LOCK_FILE} in {root}; run `corral lock {args.dir}` first", file=sys.stderr)
-        return 1
+        return DRIFT
     catalogs = _mcp_catalogs(definitions, locked, args)
     if catalogs is None:
-        return 1
+        return forms("unreachable").exit
     current = Lock.of(definitions, catalogs)
     if not args.check:
         path = write_lock(root, current)
@@ -86,7 +90,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
         print(f"{LOCK_FILE} drift: set {locked.digest} -> {current.digest}")
     for change in changes:
         print(f"  {change}")
-    return 1
+    return DRIFT
 
 
 def _mcp_catalogs(definitions: DefinitionSet, locked: Lock | None, args: argparse.Namespace) -> dict | None:
@@ -166,11 +170,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except DefinitionsInvalid as exc:
         _print_errors(exc)
-        return 1
+        return exc.exit_status
     except CorralError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
-        return 1
+        return exc.exit_status
     except KeyboardInterrupt:
-        return 130
+        return forms("cancelled").exit
 
 

@@ -78,10 +78,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         check_locked(definitions)
     if not is_loopback(settings.host) and not settings.keys:
-        if not args.insecure:
-            print(f"error: refusing to bind {settings.host} without CORRAL_API_KEYS "
-                  "(set keys, or pass --insecure to accept the risk)", file=sys.stderr)
-            return 2
+        if not args.insecure:  # a usage mistake: `main` prints it and exits with its status (2)
+            raise CorralError(f"refusing to bind {settings.host} without CORRAL_API_KEYS "
+                              "(set keys, or pass --insecure to accept the risk)", code="invalid_request")
         print(f"WARNING: serving {settings.host} WITHOUT authentication (--insecure)", file=sys.stderr)
     import uvicorn
 
@@ -122,7 +121,13 @@ def _draining_server(config, app):
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    return anyio.run(_chat_remote if args.url else _chat_local, args)
+    if not args.url:
+        return anyio.run(_chat_local, args)
+    try:
+        return anyio.run(_chat_remote, args)
+    except httpx.TransportError as exc:  # the server is down or went away: one line and its own status
+        reason = str(exc) or type(exc).__name__
+        raise CorralError(f"cannot reach {args.url}: {reason}", code="unreachable") from None
 
 
 async def _prompts() -> AsyncIterator[str]:
@@ -158,9 +163,9 @@ async def _chat_local(args: argparse.Namespace) -> int:
         print(f"[{conversation.agent_name} {conversation.digest[:19]}… conversation {conversation.id}]",
               file=sys.stderr)
         async for text in _prompts():
-            running = await service.conversations.send(conversation.id, text, if_busy="enqueue")
-            async for event in service.conversations.events(conversation.id, after=running.started_seq - 1,
-                                                            until_turn=running.turn.id):
+            turn = await service.conversations.send(conversation.id, text, if_busy="enqueue")
+            async for event in service.conversations.events(conversation.id, after=turn.started_seq - 1,
+                                                            until_turn=turn.id):
                 if event is not None:
                     _render(event.name, event.data)
     return 0
@@ -174,7 +179,7 @@ async def _chat_remote(args: argparse.Namespace) -> int:
     async with httpx.AsyncClient(base_url=args.url, headers=headers, timeout=None) as client:
         response = await client.post("/v1/conversations", json={"agent": args.agent, "title": "corral chat"})
         if response.status_code != 201:
-            raise CorralError(f"{response.status_code}: {response.text}")
+            raise _refused(response)
         conversation = response.json()
         print(f"[{conversation['agent_name']} conversation {conversation['id']}]", file=sys.stderr)
         async for text in _prompts():
@@ -183,7 +188,7 @@ async def _chat_remote(args: argparse.Namespace) -> int:
                                      json=body) as stream:
                 if stream.status_code != 200:
                     await stream.aread()
-                    raise CorralError(f"{stream.status_code}: {stream.text}")
+                    raise _refused(stream)
                 name = ""
                 async for line in stream.aiter_lines():
                     if line.startswith("event: "):
@@ -191,6 +196,15 @@ async def _chat_remote(args: argparse.Namespace) -> int:
                     elif line.startswith("data: "):
                         _render(name, json.loads(line[6:]))
     return 0
+
+
+def _refused(response: httpx.Response) -> CorralError:
+    """A server's error answer, with the code it carries: the exit status is that code's."""
+    try:
+        code = response.json()["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        code = "internal"
+    return CorralError(f"{response.status_code}: {response.text}", code=str(code))
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:

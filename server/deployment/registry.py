@@ -26,20 +26,12 @@ from ..compiler.definitions import (
     Definition,
     DefinitionSet,
 )
-from ..errors import RequestError
+from ..errors import AgentNotFound, DigestNotFound, RequestError
 from ..store.base import Store, StoredDefinition
 from .vault import NO_VAULT, FileVault
 
 ALIAS = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 REF_FORMS = "NAME, NAME@sha256:<64 hex digits> or NAME@ALIAS"
-
-
-class AgentNotFound(RequestError):
-    code = "agent_not_found"
-
-
-class DigestNotFound(RequestError):
-    code = "digest_not_found"
 
 
 def is_alias(text: str) -> bool:

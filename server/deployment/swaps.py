@@ -8,11 +8,11 @@ A cancelled reload (shutdown) stops waiting for its compile at once: the
 compile runs in a daemon thread, so even one stuck forever holds up neither
 SIGTERM nor the interpreter's exit, and the next compile waits for it to end
 rather than share the compiler's caches with it.
-Each reload yields a report in the contract's shape: status
-`applied` / `rejected` / `unchanged`, the set digests, the changes, the
-conversations busy on a changed or removed agent, and the errors. The report
-is returned, logged as one line, kept in the store's history and published
-on the server-wide event stream.
+Each reload yields a `SwapReport` (`reports`): status `applied` /
+`rejected` / `unchanged`, the set digests, the changes, the conversations
+busy on a changed or removed agent (asked of `running`, which the run stage
+provides), and the errors. The report is returned, logged as one line, kept
+in the store's history and published on the server-wide event stream.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import anyio
@@ -35,6 +36,7 @@ from ..ids import new_id
 from ..metrics import Metrics
 from ..store.base import Store, TurnRecord
 from .registry import Registry
+from .reports import BusyTurn, Change, SwapReport
 
 log = logging.getLogger("corral.swaps")
 RunningTurns = Callable[[], Awaitable[Iterable[TurnRecord]]]
@@ -100,7 +102,7 @@ def _digest_of(definitions: DefinitionSet, agent: str) -> str | None:
     return found.digest if found else None
 
 
-def changes_between(previous: DefinitionSet, current: DefinitionSet) -> list[dict[str, Any]]:
+def changes_between(previous: DefinitionSet, current: DefinitionSet) -> tuple[Change, ...]:
     old, new = previous.by_key, current.by_key
     out = []
     for key in sorted(set(old) | set(new)):
@@ -108,9 +110,9 @@ def changes_between(previous: DefinitionSet, current: DefinitionSet) -> list[dic
         if before is not None and after is not None and before.digest == after.digest:
             continue
         change = "added" if before is None else "removed" if after is None else "changed"
-        out.append({"kind": key[0], "name": key[1], "change": change,
-                    "from": before.digest if before else None, "to": after.digest if after else None})
-    return out
+        out.append(Change(kind=key[0], name=key[1], change=change, before=before.digest if before else None,
+                          after=after.digest if after else None))
+    return tuple(out)
 
 
 class Swapper:
@@ -123,26 +125,23 @@ class Swapper:
         self.publish = publish
         self.metrics = metrics
         self.locked = locked
-        self.listeners: list[Callable[[dict[str, Any]], Awaitable[None]]] = []  # told of applied swaps
+        self.listeners: list[Callable[[SwapReport], Awaitable[None]]] = []  # told of applied swaps
         self._one_at_a_time = anyio.Lock()
         self._compiling = threading.Lock()  # held by the compile thread, abandoned or not
 
-    async def reload(self, trigger: str, changed: Iterable[str] | None = None) -> dict[str, Any]:
+    async def reload(self, trigger: str, changed: Iterable[str] | None = None) -> SwapReport:
         """Compile and swap; `changed` (from the watcher) lets the compiler look at those paths only."""
         async with self._one_at_a_time:
             previous = self.registry.current
-            report: dict[str, Any] = {
-                "id": new_id("swap"), "at": iso(time.time()), "trigger": trigger, "status": "unchanged",
-                "previous": previous.digest, "current": previous.digest,
-                "changes": [], "busy": [], "errors": [],
-            }
+            report = SwapReport(id=new_id("swap"), at=iso(time.time()), trigger=trigger, status="unchanged",
+                                previous=previous.digest, current=previous.digest)
             try:
                 candidate = await run_abandonable(self._compile, changed)
             except DefinitionsInvalid as exc:
-                report.update(status="rejected", errors=[
-                    {"code": "definitions_invalid", **e.as_dict()} for e in exc.errors])
+                report = replace(report, status="rejected", errors=tuple(
+                    {"code": "definitions_invalid", **e.as_dict()} for e in exc.errors))
             else:
-                await self._consider(previous, candidate, report)
+                report = await self._consider(previous, candidate, report)
             await self._announce(report)
             return report
 
@@ -151,54 +150,37 @@ class Swapper:
             return self.compiler.compile(changed)
 
     async def _consider(self, previous: DefinitionSet, candidate: DefinitionSet,
-                        report: dict[str, Any]) -> None:
+                        report: SwapReport) -> SwapReport:
         if self.locked:
             errors = lock_errors(candidate)
             if errors:
-                report.update(status="rejected", errors=errors, attempted=candidate.digest)
-                return
+                return replace(report, status="rejected", errors=tuple(errors), attempted=candidate.digest)
         if candidate.digest == previous.digest:
-            return
-        changes = changes_between(previous, candidate)
-        touched = {c["name"] for c in changes if c["kind"] == "Agent" and c["change"] != "added"}
+            return report
+        report = replace(report, status="applied", current=candidate.digest,
+                         changes=changes_between(previous, candidate))
+        touched = report.touched_agents()
         await self.registry.swap(candidate)
         # Listed after the swap: a turn that started while it was being applied ran on the old set too.
-        report["busy"] = [
-            {"conversation_id": t.conversation_id, "agent": t.agent, "digest": t.digest,
-             "turn_id": t.id, "since": iso(t.started_at)}
+        busy = tuple(
+            BusyTurn(conversation_id=t.conversation_id, agent=t.agent, digest=t.digest, turn_id=t.id,
+                     since=iso(t.started_at))
             for t in await self.running()
             if t.agent in touched and t.digest != _digest_of(candidate, t.agent)
-        ]
-        report.update(status="applied", current=candidate.digest, changes=changes)
+        )
+        return replace(report, busy=busy)
 
-    async def _announce(self, report: dict[str, Any]) -> None:
-        status = report["status"]
-        self.metrics.swaps.inc(status)
-        if status != "unchanged":
-            await self.store.record_swap(report["id"], time.time(), status, report)
-            name = "definitions.swapped" if status == "applied" else "definitions.rejected"
-            self.publish(name, report)
-        if status == "applied":
+    async def _announce(self, report: SwapReport) -> None:
+        self.metrics.swaps.inc(report.status)
+        if report.status != "unchanged":
+            body = report.to_json()
+            await self.store.record_swap(report.id, time.time(), report.status, body)
+            name = "definitions.swapped" if report.status == "applied" else "definitions.rejected"
+            self.publish(name, body)
+        if report.status == "applied":
             for listener in self.listeners:
                 try:
                     await listener(report)
                 except Exception:
                     log.exception("a swap listener failed")
-        log.log(logging.WARNING if status == "rejected" else logging.INFO, "%s", summary(report))
-
-
-def summary(report: dict[str, Any]) -> str:
-    """One readable log line per swap."""
-    head = f"swap {report['status']} ({report['trigger']}): {report['previous'][:19]}"
-    if report["status"] == "applied":
-        counts: dict[str, int] = {}
-        for change in report["changes"]:
-            counts[change["change"]] = counts.get(change["change"], 0) + 1
-        detail = ", ".join(f"{n} {c}" for c, n in sorted(counts.items()))
-        busy = f"; busy: {', '.join(b['conversation_id'] for b in report['busy'])}" if report["busy"] else ""
-        return f"{head} -> {report['current'][:19]} [{detail}]{busy}"
-    if report["status"] == "rejected":
-        first = report["errors"][0] if report["errors"] else {}
-        where = f"{first.get('file')}:{first.get('line')}: " if first.get("file") else ""
-        return f"{head} kept; {len(report['errors'])} error(s), first: {where}{first.get('message', '')}"
-    return head + " (no definition changed)"
+        log.log(logging.WARNING if report.status == "rejected" else logging.INFO, "%s", report.summary())

@@ -10,40 +10,16 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
 
 from ..errors import CorralError
 from ..mcp.mount import mcp_route
 from ..mcp.server import AgentsMCP
 from ..service import open_service
 from ..settings import Settings
-from . import agents, conversations, deployments, openai_compat, openapi, permissions
+from . import agents, conversations, deployments, health, openai_compat, openapi, permissions
 from .browsers import CORS_EXPOSED, CORS_HEADERS, BrowserGuard
 from .guards import ApiKeys, BodyLimit, RequestIds
 from .plumbing import corral_error_handler, http_error_handler, internal_error_handler
-
-
-async def healthz(request: Request) -> Response:
-    service = getattr(request.app.state, "service", None)
-    if service is not None and service.failed is not None:
-        return JSONResponse({"status": "failing", **service.failed.envelope()}, status_code=503)
-    return JSONResponse({"status": "ok"})
-
-
-async def readyz(request: Request) -> Response:
-    service = getattr(request.app.state, "service", None)
-    if service is not None and service.failed is not None:
-        return JSONResponse({"status": "failing", **service.failed.envelope()}, status_code=503)
-    if service is None or not service.ready or not service.conversations.accepting:
-        return JSONResponse({"status": "not ready"}, status_code=503)
-    return JSONResponse({"status": "ready", "digest": service.registry.current.digest})
-
-
-async def metrics(request: Request) -> Response:
-    body = request.app.state.service.metrics.render()
-    return PlainTextResponse(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 def create_app(settings: Settings) -> Starlette:
@@ -61,9 +37,7 @@ def create_app(settings: Settings) -> Starlette:
                 yield
 
     routes = [
-        Route("/healthz", healthz),
-        Route("/readyz", readyz),
-        Route("/metrics", metrics),
+        *health.routes,
         *deployments.routes,
         *agents.routes,
         *conversations.routes,

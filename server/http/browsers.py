@@ -75,15 +75,14 @@ class BrowserGuard:
         headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
         host = headers.get("host", "")
         if self.check_host and host and not self._host_ok(host):
-            return await reject(send, 421, "host_not_allowed",
+            return await reject(send, "host_not_allowed",
                                 f"Host {host_name(host)!r} is not served here (see CORRAL_ALLOWED_HOSTS)")
         origin = headers.get("origin")
         if origin is not None and not self._origin_ok(origin, host):
-            return await reject(send, 403, "forbidden",
+            return await reject(send, "forbidden",
                                 "requests from this Origin are refused (see CORRAL_CORS_ORIGINS)")
         if scope["method"] in BODY_METHODS and not _json_or_empty(headers):
-            return await reject(send, 415, "unsupported_media_type",
-                                f"a request body must be {JSON}")
+            return await reject(send, "unsupported_media_type", f"a request body must be {JSON}")
         return await self.app(scope, receive, send)
 
 

@@ -88,12 +88,12 @@ async def send_message(request: Request) -> Response:
     key = request.headers.get("idempotency-key") or None
     if key is not None and len(key) > 255:
         raise RequestError("Idempotency-Key is longer than 255 characters")
-    running = await conversations.send(request.path_params["id"], body.content,
-                                       if_busy=body.if_busy, idempotency_key=key)
+    turn = await conversations.send(request.path_params["id"], body.content,
+                                    if_busy=body.if_busy, idempotency_key=key)
     if not body.stream:
-        return JSONResponse(await conversations.result(running))
-    events = conversations.events(running.turn.conversation_id, after=max(running.started_seq - 1, 0),
-                                  until_turn=running.turn.id)
+        return JSONResponse((await conversations.result(turn)).to_json())
+    events = conversations.events(turn.record.conversation_id, after=max(turn.started_seq - 1, 0),
+                                  until_turn=turn.id)
     return sse_response(_frames(events), request.app.state.service.metrics)
 
 

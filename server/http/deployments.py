@@ -26,7 +26,7 @@ def _service(request: Request):
 
 
 async def reload(request: Request) -> Response:
-    return JSONResponse(await _service(request).swapper.reload("api"))
+    return JSONResponse((await _service(request).swapper.reload("api")).to_json())
 
 
 async def history(request: Request) -> Response:

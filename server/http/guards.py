@@ -14,15 +14,17 @@ import uuid
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..errors import envelope, forms
 from ..logs import request_id
 
 OPEN_PATHS = frozenset({"/healthz"})
 _REQUEST_ID = re.compile(rb"^[A-Za-z0-9._-]{1,64}$")
 
 
-async def reject(send: Send, status: int, code: str, message: str, headers=()) -> None:
-    body = json.dumps({"error": {"code": code, "message": message, "request_id": request_id.get()}}).encode()
-    await send({"type": "http.response.start", "status": status,
+async def reject(send: Send, code: str, message: str, headers=()) -> None:
+    """Answer before the app runs: the error envelope with the request's id, at the table's status."""
+    body = json.dumps(envelope(code, message, request_id=request_id.get())).encode()
+    await send({"type": "http.response.start", "status": forms(code).http,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode()), *headers]})
     await send({"type": "http.response.body", "body": body})
@@ -50,7 +52,7 @@ class ApiKeys:
         if scope["type"] != "http" or not self.keys or scope["path"] in OPEN_PATHS:
             return await self.app(scope, receive, send)
         if not self._allowed(scope):
-            return await reject(send, 401, "unauthorized", "missing or invalid API key",
+            return await reject(send, "unauthorized", "missing or invalid API key",
                                  [(b"www-authenticate", b'Bearer realm="corral"')])
         return await self.app(scope, receive, send)
 
@@ -64,14 +66,14 @@ class BodyLimit:
         self.app = app
         self.limit = limit
         self.timeout_s = timeout_s
+        self._too_large = f"request body is larger than {limit} bytes"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         for name, value in scope["headers"]:
             if name == b"content-length" and value.isdigit() and int(value) > self.limit:
-                return await reject(send, 413, "payload_too_large",
-                                    f"request body is larger than {self.limit} bytes")
+                return await reject(send, "payload_too_large", self._too_large)
         body = _BodyReader(receive, self.limit, anyio.current_time() + self.timeout_s)
         started = False
 
@@ -84,11 +86,10 @@ class BodyLimit:
             await self.app(scope, body.receive, tracking_send)
         except _TooLarge:
             if not started:
-                await reject(send, 413, "payload_too_large",
-                             f"request body is larger than {self.limit} bytes")
+                await reject(send, "payload_too_large", self._too_large)
         except _TooSlow:
             if not started:
-                await reject(send, 408, "request_timeout",
+                await reject(send, "request_timeout",
                              f"the request body did not arrive within {self.timeout_s:g}s",
                              [(b"connection", b"close")])
 

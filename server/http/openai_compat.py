@@ -22,6 +22,7 @@ from starlette.routing import Route
 
 from ..errors import CorralError, RequestError
 from ..messages import AssistantMessage, Message, UserMessage
+from ..runtime.turn import CANCELLED_ERROR
 from .plumbing import read_json, sse_response
 
 
@@ -67,26 +68,24 @@ async def chat_completions(request: Request) -> Response:
     conversation = await conversations.create(body.model, None, {"source": "openai"})
     if history:
         await service.store.append_messages(conversation.id, "", history, time.time())
-    running = await conversations.send(conversation.id, text)
-    completion_id = "chatcmpl-" + running.turn.id
+    turn = await conversations.send(conversation.id, text)
+    completion_id = "chatcmpl-" + turn.id
     created = int(time.time())
     if body.stream:
         usage = bool((body.stream_options or {}).get("include_usage"))
-        events = conversations.events(conversation.id, after=running.started_seq - 1,
-                                      until_turn=running.turn.id)
+        events = conversations.events(conversation.id, after=turn.started_seq - 1, until_turn=turn.id)
         chunks = _chunks(events, completion_id, created, body.model, usage)
         return sse_response(chunks, service.metrics)
-    result = await conversations.result(running)
-    if result["status"] != "completed":
-        error = result.get("error") or {"code": "internal", "message": "the turn did not complete"}
-        raise CorralError(error["message"], code=error["code"])
-    turn = await service.store.get_turn(running.turn.id)
+    result = await conversations.result(turn)
+    if not result.completed:
+        error = result.failure()
+        raise CorralError(error["message"], code=error["code"], details=error.get("details"))
     return JSONResponse({
         "id": completion_id, "object": "chat.completion", "created": created, "model": body.model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": result["output"]},
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": result.output},
                      "finish_reason": "stop", "logprobs": None}],
-        "usage": _usage(turn.usage if turn else {}),
-        "system_fingerprint": result["digest"],
+        "usage": _usage(result.usage),
+        "system_fingerprint": result.digest,
     })
 
 
@@ -116,7 +115,7 @@ async def _chunks(events: AsyncIterator[Any], completion_id: str, created: int, 
                         "model": model, "choices": [], "usage": _usage(event.data.get("usage", {}))}
                 yield b"data: " + json.dumps(body).encode() + b"\n\n"
         elif event.name in ("turn.failed", "turn.cancelled"):
-            error = event.data.get("error") or {"code": "cancelled", "message": "the turn was cancelled"}
+            error = event.data.get("error") or CANCELLED_ERROR
             yield b"data: " + json.dumps({"error": {**error, "type": error["code"]}}).encode() + b"\n\n"
     yield b"data: [DONE]\n\n"
 

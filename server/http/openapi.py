@@ -1,112 +1,189 @@
-"""`GET /openapi.json`: the OpenAPI 3.1 document of the HTTP API.
+"""`GET /openapi.json`: the OpenAPI 3.1 document of the HTTP API, generated from the app's routes.
 
-Built from one table of operations; request bodies come from the same
-pydantic models the routes validate with, so the document cannot drift from
-what the server accepts.
+Paths and methods come from the routes themselves (`document(app.routes)`),
+so a route added to the app is in the document without a word here. What a
+route cannot say about itself is declared in `DOCS`, keyed by its endpoint:
+a summary, the pydantic model its body is validated with (the very model the
+route uses, so the schema cannot drift from what is accepted), its query
+parameters, its success status, and the error codes its own code can answer.
+Every operation also lists the codes the guards in front of every route
+answer (`guard_codes`); each code is shown at its status in
+`errors.ERRORS`. A route missing from `DOCS` still appears, summarized by its
+docstring, with only those.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from .. import __version__
-from .conversations import CreateConversation, SendMessage
-from .deployments import SetAlias
-from .openai_compat import ChatRequest
-from .permissions import Decision
+from ..errors import ERRORS, TURN_FAILURES, forms
+from . import agents, conversations, deployments, health, openai_compat, permissions
+from .browsers import BODY_METHODS
+from .guards import OPEN_PATHS
 
+JSON = "application/json"
+SSE = "text/event-stream"
+PAGE = (("limit", "integer"), ("cursor", "string"))
+ERROR_REF = {"$ref": "#/components/schemas/Error"}
 ERROR = {
     "type": "object",
     "required": ["error"],
     "properties": {"error": {"type": "object", "required": ["code", "message"], "properties": {
-        "code": {"type": "string"}, "message": {"type": "string"}, "details": {},
+        "code": {"$ref": "#/components/schemas/ErrorCode"}, "message": {"type": "string"}, "details": {},
         "request_id": {"type": "string"}}}},
 }
-PAGE = [("limit", "integer"), ("cursor", "string")]
-SSE = "text/event-stream"
-
-# method, path, summary, body model, query parameters, success status, success media type
-OPERATIONS: list[tuple[str, str, str, type[BaseModel] | None, list[tuple[str, str]], int, str]] = [
-    ("get", "/healthz", "Liveness", None, [], 200, "application/json"),
-    ("get", "/readyz", "Readiness", None, [], 200, "application/json"),
-    ("get", "/metrics", "Prometheus metrics", None, [], 200, "text/plain"),
-    ("get", "/openapi.json", "This document", None, [], 200, "application/json"),
-    ("get", "/v1/agents", "List agents", None, PAGE, 200, "application/json"),
-    ("get", "/v1/agents/{name}", "Read an agent (name, name@sha256:…, name@alias)", None, [], 200,
-     "application/json"),
-    ("get", "/v1/agents/{name}/aliases", "List an agent's aliases", None, [], 200, "application/json"),
-    ("put", "/v1/agents/{name}/aliases/{alias}", "Point an alias at a served digest", SetAlias, [], 200,
-     "application/json"),
-    ("delete", "/v1/agents/{name}/aliases/{alias}", "Remove an alias", None, [], 204, ""),
-    ("get", "/v1/definitions", "The set digest and every definition", None, [], 200, "application/json"),
-    ("get", "/v1/definitions/{kind}/{name}", "One definition's normalized spec", None, [], 200,
-     "application/json"),
-    ("post", "/v1/definitions/reload", "Compile and swap now; the report", None, [], 200, "application/json"),
-    ("get", "/v1/definitions/history", "Past swaps, newest first", None, PAGE, 200, "application/json"),
-    ("get", "/v1/events", "Server-wide events (swaps, conversation status)", None, [], 200, SSE),
-    ("post", "/v1/conversations", "Create a conversation", CreateConversation, [], 201, "application/json"),
-    ("get", "/v1/conversations", "List conversations", None,
-     [*PAGE, ("agent", "string"), ("digest", "string"), ("status", "string")], 200, "application/json"),
-    ("get", "/v1/conversations/{id}", "Read a conversation", None, [], 200, "application/json"),
-    ("delete", "/v1/conversations/{id}", "Delete a conversation", None, [], 204, ""),
-    ("post", "/v1/conversations/{id}/messages", "Run a turn (JSON, or SSE with stream)", SendMessage, [], 200,
-     "application/json"),
-    ("get", "/v1/conversations/{id}/messages", "The transcript", None, PAGE, 200, "application/json"),
-    ("get", "/v1/conversations/{id}/turns", "The turns", None, PAGE, 200, "application/json"),
-    ("get", "/v1/conversations/{id}/events", "The conversation's events (Last-Event-ID resumes)", None, [],
-     200, SSE),
-    ("post", "/v1/conversations/{id}/interrupt", "Cancel the running turn", None, [], 200,
-     "application/json"),
-    ("get", "/v1/conversations/{id}/permissions", "Permission requests and decisions", None, [], 200,
-     "application/json"),
-    ("post", "/v1/conversations/{id}/permissions/{request_id}", "Answer a permission request", Decision, [],
-     200, "application/json"),
-    ("post", "/v1/chat/completions", "OpenAI-compatible chat completions", ChatRequest, [], 200,
-     "application/json"),
-    ("get", "/v1/models", "OpenAI-compatible model list (the agents)", None, [], 200, "application/json"),
-]
+# Answered in front of every route: a foreign Host or Origin, a body too large or too slow, a bug.
+EVERY_ROUTE = ("forbidden", "host_not_allowed", "payload_too_large", "request_timeout", "internal")
 
 
-def _operation(method: str, path: str, summary: str, body: type[BaseModel] | None,
-               query: list[tuple[str, str]], status: int, media: str, schemas: dict[str, Any]) -> dict:
-    params = [{"name": p.strip("{}"), "in": "path", "required": True, "schema": {"type": "string"}}
-              for p in path.split("/") if p.startswith("{")]
-    params += [{"name": n, "in": "query", "required": False, "schema": {"type": t}} for n, t in query]
-    success: dict[str, Any] = {"description": summary}
-    if media:
-        schema = {"type": "object"} if "json" in media else {"type": "string"}
-        success["content"] = {media: {"schema": schema}}
+@dataclass(frozen=True)
+class Doc:
+    """What the document says of one endpoint that its route cannot."""
+
+    summary: str
+    errors: tuple[str, ...] = ()
+    body: type[BaseModel] | None = None
+    query: tuple[tuple[str, str], ...] = ()
+    status: int = 200
+    media: str = JSON
+
+
+STORE = ("storage_error",)
+REF = ("invalid_request", "agent_not_found", "digest_not_found", *STORE)  # an agent reference resolved
+IN_CONVERSATION = ("conversation_not_found", *STORE)
+CURSORS = ("invalid_request", *IN_CONVERSATION)
+
+DOCS: dict[Callable[..., Any] | type, Doc] = {
+    health.healthz: Doc("Liveness", STORE),
+    health.readyz: Doc("Readiness", STORE),
+    health.metrics: Doc("Prometheus metrics", media="text/plain"),
+    agents.list_agents: Doc("List agents", ("invalid_request",), query=PAGE),
+    agents.get_agent: Doc("Read an agent (name, name@sha256:…, name@alias)", REF),
+    agents.list_definitions: Doc("The set digest and every definition"),
+    agents.get_definition: Doc("One definition's normalized spec", ("invalid_request", "not_found")),
+    agents.list_models: Doc("OpenAI-compatible model list (the agents)"),
+    deployments.reload: Doc("Compile and swap now; the report", STORE),
+    deployments.history: Doc("Past swaps, newest first", ("invalid_request", *STORE), query=PAGE),
+    deployments.server_events: Doc("Server-wide events (swaps, conversation status)", media=SSE),
+    deployments.list_aliases: Doc("List an agent's aliases", STORE),
+    deployments.put_alias: Doc("Point an alias at a served digest", REF, body=deployments.SetAlias),
+    deployments.delete_alias: Doc("Remove an alias", ("agent_not_found", *STORE), status=204, media=""),
+    conversations.create_conversation: Doc("Create a conversation", REF,
+                                           body=conversations.CreateConversation, status=201),
+    conversations.list_conversations: Doc(
+        "List conversations", ("invalid_request", *STORE),
+        query=(*PAGE, ("agent", "string"), ("digest", "string"), ("status", "string"))),
+    conversations.get_conversation: Doc("Read a conversation", IN_CONVERSATION),
+    conversations.delete_conversation: Doc("Delete a conversation", ("conversation_busy", *IN_CONVERSATION),
+                                           status=204, media=""),
+    conversations.send_message: Doc(
+        "Run a turn (JSON, or SSE with stream)",
+        (*REF, *IN_CONVERSATION, "conversation_busy", "idempotency_key_reused", "conflict", "overloaded"),
+        body=conversations.SendMessage),
+    conversations.list_messages: Doc("The transcript", CURSORS, query=PAGE),
+    conversations.list_turns: Doc("The turns", CURSORS, query=PAGE),
+    conversations.conversation_events: Doc("The conversation's events (Last-Event-ID resumes)", CURSORS,
+                                           query=(("after", "integer"),), media=SSE),
+    conversations.interrupt: Doc("Cancel the running turn", IN_CONVERSATION),
+    permissions.audit: Doc("Permission requests and decisions", IN_CONVERSATION),
+    permissions.decide: Doc("Answer a permission request",
+                            ("invalid_request", "not_found", "conflict", *IN_CONVERSATION),
+                            body=permissions.Decision),
+    openai_compat.chat_completions: Doc("OpenAI-compatible chat completions",
+                                        (*REF, "overloaded", "cancelled", *TURN_FAILURES),
+                                        body=openai_compat.ChatRequest),
+    # `/mcp` answers MCP's own errors in JSON-RPC (see `mcp.server`); over HTTP, only the guards'.
+    StreamableHTTPASGIApp: Doc("MCP over streamable HTTP: JSON-RPC (POST), its stream (GET), session end "
+                               "(DELETE)", media=""),
+}
+
+
+def guard_codes(path: str, method: str) -> tuple[str, ...]:
+    """The codes answered in front of a route (guards.ApiKeys, browsers.BrowserGuard, guards.BodyLimit)."""
+    codes = list(EVERY_ROUTE)
+    if path not in OPEN_PATHS:
+        codes.append("unauthorized")
+    if method.upper() in BODY_METHODS:
+        codes.append("unsupported_media_type")
+    return tuple(codes)
+
+
+def doc_of(endpoint: Any) -> Doc | None:
+    """The declaration of an endpoint: a function, or an ASGI app instance by its class."""
+    return DOCS.get(endpoint) or DOCS.get(type(endpoint))
+
+
+def _error_response(codes: list[str]) -> dict[str, Any]:
+    only = {"type": "object", "properties": {"error": {"type": "object", "properties": {
+        "code": {"enum": codes}}}}}
+    return {"description": ", ".join(codes),
+            "content": {JSON: {"schema": {"allOf": [ERROR_REF, only]}}}}
+
+
+def _responses(doc: Doc, codes: Iterable[str]) -> dict[str, Any]:
+    success: dict[str, Any] = {"description": doc.summary}
+    if doc.media:
+        schema = {"type": "object"} if "json" in doc.media else {"type": "string"}
+        success["content"] = {doc.media: {"schema": schema}}
+    by_status: dict[int, list[str]] = {}
+    for code in sorted(set(codes)):
+        by_status.setdefault(forms(code).http, []).append(code)
+    responses: dict[str, Any] = {str(doc.status): success}
+    responses.update((str(status), _error_response(by_status[status])) for status in sorted(by_status))
+    responses["default"] = {"description": "An error", "content": {JSON: {"schema": ERROR_REF}}}
+    return responses
+
+
+def _operation(method: str, path: str, doc: Doc, schemas: dict[str, Any]) -> dict[str, Any]:
+    params = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+              for name in re.findall(r"\{(\w+)\}", path)]
+    params += [{"name": n, "in": "query", "required": False, "schema": {"type": t}} for n, t in doc.query]
     op: dict[str, Any] = {
-        "summary": summary,
+        "summary": doc.summary,
         "operationId": f"{method}_{path.strip('/').replace('/', '_').replace('{', '').replace('}', '')}",
         "parameters": params,
-        "responses": {str(status): success, "default": {"description": "An error", "content": {
-            "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}},
+        "responses": _responses(doc, (*doc.errors, *guard_codes(path, method))),
     }
-    if body is not None:
-        schema = body.model_json_schema(ref_template="#/components/schemas/{model}")
+    if doc.body is not None:
+        schema = doc.body.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
-        schemas[body.__name__] = schema
+        schemas[doc.body.__name__] = schema
         op["requestBody"] = {"required": True, "content": {
-            "application/json": {"schema": {"$ref": f"#/components/schemas/{body.__name__}"}}}}
+            JSON: {"schema": {"$ref": f"#/components/schemas/{doc.body.__name__}"}}}}
     return op
 
 
-def document() -> dict[str, Any]:
-    schemas: dict[str, Any] = {"Error": ERROR}
+def _undeclared(endpoint: Any) -> Doc:
+    text = (getattr(endpoint, "__doc__", None) or "").strip()
+    return Doc(text.splitlines()[0] if text else getattr(endpoint, "__name__", type(endpoint).__name__))
+
+
+def document(routes: Iterable[BaseRoute]) -> dict[str, Any]:
+    """The document of an app's `routes` (every app of this build has the same ones)."""
+    schemas: dict[str, Any] = {"Error": ERROR, "ErrorCode": {"type": "string", "enum": sorted(ERRORS)}}
     paths: dict[str, dict[str, Any]] = {}
-    for method, path, summary, body, query, status, media in OPERATIONS:
-        paths.setdefault(path, {})[method] = _operation(method, path, summary, body, query, status, media,
-                                                        schemas)
+    for route in routes:
+        if not isinstance(route, Route):
+            continue
+        path = re.sub(r"\{(\w+):[^}]*\}", r"{\1}", route.path)  # `{id:int}` -> `{id}`
+        doc = doc_of(route.endpoint) or _undeclared(route.endpoint)
+        for method in sorted((route.methods or {"GET"}) - {"HEAD"}):
+            paths.setdefault(path, {})[method.lower()] = _operation(method.lower(), path, doc, schemas)
     return {
         "openapi": "3.1.0",
         "info": {"title": "Corral", "version": __version__,
-                 "description": "A declarative agent server. Errors share one envelope with a stable code."},
+                 "description": "A declarative agent server. Errors share one envelope with a stable code; "
+                                "each operation lists the codes it can answer, at their statuses."},
         "paths": paths,
         "components": {"schemas": schemas,
                        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
@@ -115,7 +192,11 @@ def document() -> dict[str, Any]:
 
 
 async def openapi(request: Request) -> Response:
-    return JSONResponse(document())
+    cached = getattr(request.app.state, "openapi", None)
+    if cached is None:  # the routes of an app never change: build its document once
+        cached = request.app.state.openapi = document(request.app.routes)
+    return JSONResponse(cached)
 
 
+DOCS[openapi] = Doc("This document")
 routes = [Route("/openapi.json", openapi)]

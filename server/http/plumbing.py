@@ -14,15 +14,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ..clock import iso  # noqa: F401  (re-exported for the routes)
-from ..errors import CorralError, RequestError
+from ..errors import CorralError, RequestError, envelope, forms
 from ..logs import request_id
 
 log = logging.getLogger("corral.http")
 Body = TypeVar("Body", bound=BaseModel)
 MAX_JSON_DEPTH = 64
+STARLETTE_CODES = {404: "not_found", 405: "method_not_allowed"}  # the HTTPExceptions its router raises
 
 
 def error_response(exc: CorralError) -> JSONResponse:
+    """The envelope of `exc`, with this request's id, at the table's status for its code."""
     return JSONResponse(exc.envelope(request_id.get()), status_code=exc.http_status)
 
 
@@ -32,11 +34,13 @@ async def corral_error_handler(request: Request, exc: Exception) -> Response:
 
 
 async def http_error_handler(request: Request, exc: Exception) -> Response:
-    """Starlette's own 404/405 in our envelope."""
+    """Starlette's own 404/405 (no route, or not this method) in our envelope; headers such as `Allow`
+    are kept."""
     assert isinstance(exc, HTTPException)
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
-    body = {"error": {"code": code, "message": str(exc.detail), "request_id": request_id.get()}}
-    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+    fallback = "internal" if exc.status_code >= 500 else "invalid_request"
+    code = STARLETTE_CODES.get(exc.status_code, fallback)
+    body = envelope(code, str(exc.detail), request_id=request_id.get())
+    return JSONResponse(body, status_code=forms(code).http, headers=exc.headers)
 
 
 async def internal_error_handler(request: Request, exc: Exception) -> Response:

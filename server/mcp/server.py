@@ -12,12 +12,15 @@ re-registration: `notify_changed` tells connected clients of both protocol
 eras (modern ones through the subscription bus, handshake-era sessions
 through their standalone stream; see the SDK notes §4.3).
 
-Every failure becomes a tool error carrying the stable error code, never a
-protocol-level crash.
+Every failure is answered in its MCP form from `errors.ERRORS`: a tool
+result with `isError`, its text `[code] message` (and the details), or, for
+an unknown tool, resource or prompt, a JSON-RPC `invalid params` error whose
+data is the error envelope; never a protocol-level crash.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import warnings
 import weakref
@@ -41,7 +44,9 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from .. import __version__
 from ..canonical import thaw
 from ..compiler.definitions import PATH_KINDS, AgentDefinition, SkillDefinition
-from ..errors import CorralError
+from ..deployment.reports import SwapReport
+from ..errors import TOOL_RESULT, CorralError, envelope, forms
+from ..runtime.turn import ActiveTurn
 from ..service import Service
 
 log = logging.getLogger("corral.mcp")
@@ -115,8 +120,8 @@ class AgentsMCP:
             self._legacy.add(connection)
         return await call_next(ctx)
 
-    async def on_swap(self, report: dict[str, Any]) -> None:
-        if report["changes"]:
+    async def on_swap(self, report: SwapReport) -> None:
+        if report.changes:
             await self.notify_changed()
 
     async def notify_changed(self) -> None:
@@ -144,14 +149,14 @@ class AgentsMCP:
         arguments = params.arguments or {}
         pinned = isinstance(arguments.get("agent"), str)  # a removed agent stays callable by its pin
         if self.service.registry.current.get("Agent", params.name) is None and not pinned:
-            raise MCPError(code=types.INVALID_PARAMS, message=f"Unknown tool: {params.name}")
+            raise _protocol_error("not_found", f"Unknown tool: {params.name}")
         problems = list(_validator.iter_errors(arguments))
         if problems:
             return _tool_error("invalid_request", "; ".join(p.message for p in problems[:3]))
         try:
             return await self._run(ctx, params.name, arguments)
         except CorralError as exc:
-            return _tool_error(exc.code, exc.message)
+            return _tool_error(exc.code, exc.message, details=exc.details)
         except Exception:
             log.exception("MCP call to %s failed", params.name)
             return _tool_error("internal", "internal error")
@@ -168,16 +173,16 @@ class AgentsMCP:
                 return _tool_error("invalid_request", f"conversation {conversation.id} belongs to {owner}")
         else:
             conversation = await conversations.create(ref, None, {"source": "mcp"})
-        running = await conversations.send(conversation.id, arguments["message"])
+        turn = await conversations.send(conversation.id, arguments["message"])
         try:
             if ctx.meta and ctx.meta.get("progress_token") is not None:
-                asked = await self._progress(ctx, conversation.id, running)
+                asked = await self._progress(ctx, conversation.id, turn)
             else:  # no progress wanted: no need to follow the turn's events
-                await running.attention.wait()
-                asked = running.asked if not running.done.is_set() else None
+                await turn.attention.wait()
+                asked = turn.asked if not turn.done.is_set() else None
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):  # the client gave up: so does the turn
-                running.scope.cancel()
+                turn.cancel()
             raise
         if asked is not None:
             return _tool_error("permission_required", (
@@ -185,23 +190,23 @@ class AgentsMCP:
                 f"/v1/conversations/{conversation.id}/permissions/{asked['request_id']} with "
                 '{"decision": "allow"} (or "deny"); the turn then goes on, and its answer appears in '
                 f"GET /v1/conversations/{conversation.id}/messages"),
-                {"conversation_id": conversation.id, "turn_id": running.turn.id,
-                 "digest": running.turn.digest, "status": "waiting"})
-        result = await conversations.result(running)
-        structured = {"conversation_id": conversation.id, "turn_id": result["turn_id"],
-                      "digest": result["digest"], "status": result["status"]}
-        if result["status"] != "completed":
-            error = result.get("error") or {"code": "cancelled", "message": "the turn was cancelled"}
-            return _tool_error(error["code"], error["message"], structured)
-        return types.CallToolResult(content=[types.TextContent(type="text", text=result["output"] or "")],
+                {"conversation_id": conversation.id, "turn_id": turn.id,
+                 "digest": turn.record.digest, "status": "waiting"})
+        result = await conversations.result(turn)
+        structured = {"conversation_id": conversation.id, "turn_id": result.turn_id,
+                      "digest": result.digest, "status": result.status}
+        if not result.completed:
+            error = result.failure()
+            return _tool_error(error["code"], error["message"], structured, details=error.get("details"))
+        return types.CallToolResult(content=[types.TextContent(type="text", text=result.output or "")],
                                     structured_content=structured)
 
     async def _progress(self, ctx: ServerRequestContext, conversation_id: str,
-                        running: Any) -> dict[str, Any] | None:
+                        turn: ActiveTurn) -> dict[str, Any] | None:
         """Relay progress until the turn ends; returns a permission request if it stops to ask."""
         step = 0
-        events = self.service.conversations.events(conversation_id, after=running.started_seq - 1,
-                                                   until_turn=running.turn.id)
+        events = self.service.conversations.events(conversation_id, after=turn.started_seq - 1,
+                                                   until_turn=turn.id)
         async for event in events:
             if event is not None and event.name == "permission.requested":
                 return event.data
@@ -237,7 +242,7 @@ class AgentsMCP:
         if uri.startswith(URI_PREFIX) and kind_path in PATH_KINDS:
             definition = self.service.registry.current.get(PATH_KINDS[kind_path], name)
         if definition is None:
-            raise MCPError(code=types.INVALID_PARAMS, message=f"unknown resource {uri}")
+            raise _protocol_error("not_found", f"unknown resource {uri}")
         text = f"# digest: {definition.digest}\n" + yaml.safe_dump(thaw(definition.spec), sort_keys=False)
         return types.ReadResourceResult(contents=[
             types.TextResourceContents(uri=uri, text=text, mime_type="application/yaml")])
@@ -257,7 +262,7 @@ class AgentsMCP:
                          params: types.GetPromptRequestParams) -> types.GetPromptResult:
         skill = self.service.registry.current.get("Skill", params.name)
         if not isinstance(skill, SkillDefinition):
-            raise MCPError(code=types.INVALID_PARAMS, message=f"unknown prompt {params.name}")
+            raise _protocol_error("not_found", f"unknown prompt {params.name}")
         task = (params.arguments or {}).get("task")
         text = skill.instructions + (f"\n\nTask: {task}" if task else "")
         return types.GetPromptResult(description=skill.description, messages=[
@@ -281,9 +286,25 @@ class AgentsMCP:
         return types.EmptyResult()
 
 
-def _tool_error(code: str, message: str, structured: dict[str, Any] | None = None) -> types.CallToolResult:
+def _tool_error(code: str, message: str, structured: dict[str, Any] | None = None, *,
+                details: Any = None) -> types.CallToolResult:
+    """An error as a tool result: `[code] message`, then the details as JSON; a result that names its turn
+    also carries the envelope in its structured content. A code whose MCP form is a JSON-RPC error
+    (`errors.ERRORS`) is raised as that error instead."""
+    if forms(code).mcp != TOOL_RESULT:
+        raise _protocol_error(code, message, details)
+    text = f"[{code}] {message}"
+    if details is not None:
+        text += "\n" + json.dumps(details, ensure_ascii=False, default=str)
+    with_turn = structured is not None and "turn_id" in structured  # else the output schema is not met
     return types.CallToolResult(
-        content=[types.TextContent(type="text", text=f"[{code}] {message}")], is_error=True,
-        structured_content=structured if structured and "turn_id" in structured else None,
+        content=[types.TextContent(type="text", text=text)], is_error=True,
+        structured_content={**structured, **envelope(code, message, details)} if with_turn else None,
     )
 
+
+def _protocol_error(code: str, message: str, details: Any = None) -> MCPError:
+    """The JSON-RPC error of a code whose MCP form (`errors.ERRORS`) is one; its data is the envelope."""
+    form = forms(code).mcp
+    assert isinstance(form, int), f"{code} is answered as a tool result, not a JSON-RPC error"
+    return MCPError(code=form, message=message, data=envelope(code, message, details)["error"])

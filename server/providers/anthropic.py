@@ -23,8 +23,9 @@ import httpx
 
 from ..canonical import freeze, thaw
 from ..compiler.definitions import ModelDefinition
+from ..errors import ProviderError
 from ..messages import AssistantMessage, Message, ToolCall, ToolResultMessage, ToolSpec, Usage
-from .base import Finish, ModelChunk, ModelRequest, ProviderError, TextDelta, ToolCallChunk, UsageChunk
+from .base import Finish, ModelChunk, ModelRequest, TextDelta, ToolCallChunk, UsageChunk
 from .wire import api_key, describe, drain, identifier, malformed, parse_arguments, parse_json, post_events
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"

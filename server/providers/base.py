@@ -7,9 +7,10 @@ into), usage, and a final `Finish`. It is not responsible for retries,
 fallbacks or time-outs of the whole step (see `resilience`), nor for running
 tools.
 
-Errors: a provider raises `ModelError` with `retryable` set for 429 and 5xx
-(and `retry_after` when the server said), never with the provider's raw body
-or a key in the message.
+Errors: a provider raises `ProviderError` (a `ModelError`, defined with every
+other error in `errors`) with `retryable` set for 429 and 5xx (and
+`retry_after` when the server said), never with the provider's raw body or a
+key in the message.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..compiler.definitions import ModelDefinition
-from ..errors import ModelError
+from ..errors import ProviderError  # noqa: F401  (re-exported: the port's one failure)
 from ..messages import Message, ToolCall, ToolSpec, Usage
 
 
@@ -59,14 +60,3 @@ class ModelPort(Protocol):
     definition: ModelDefinition
 
     def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]: ...
-
-
-class ProviderError(ModelError):
-    """A failed model call; `retryable` for 429/5xx/time-outs/connection errors."""
-
-    def __init__(self, message: str, *, retryable: bool = False, retry_after: float | None = None,
-                 status: int | None = None):
-        super().__init__(message, details={"status": status} if status else None)
-        self.retryable = retryable
-        self.retry_after = retry_after
-        self.status = status

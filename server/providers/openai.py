@@ -21,8 +21,9 @@ import httpx
 
 from ..canonical import thaw
 from ..compiler.definitions import ModelDefinition
+from ..errors import ProviderError
 from ..messages import AssistantMessage, Message, ToolCall, ToolResultMessage, ToolSpec, Usage
-from .base import Finish, ModelChunk, ModelRequest, ProviderError, TextDelta, ToolCallChunk, UsageChunk
+from .base import Finish, ModelChunk, ModelRequest, TextDelta, ToolCallChunk, UsageChunk
 from .wire import api_key, describe, drain, malformed, parse_arguments, parse_json, parse_url, post_events
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"

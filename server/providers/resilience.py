@@ -21,7 +21,8 @@ from contextlib import aclosing
 
 import anyio
 
-from .base import ModelChunk, ModelPort, ModelRequest, ProviderError
+from ..errors import ProviderError
+from .base import ModelChunk, ModelPort, ModelRequest
 
 BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 8.0

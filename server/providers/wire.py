@@ -25,7 +25,7 @@ import httpx
 from ..canonical import freeze
 from ..compiler.definitions import ModelDefinition
 from ..compiler.templates import MissingSecret, resolve_secrets
-from .base import ProviderError
+from ..errors import ProviderError
 
 _IDENTIFIER = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 DRAIN_S = 1.0  # how long a stream whose reply is complete may take to end

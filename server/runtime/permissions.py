@@ -17,14 +17,10 @@ from typing import Any
 import anyio
 
 from ..clock import iso
-from ..errors import RequestError
+from ..errors import PermissionNotFound, RequestError
 from ..ids import new_id
 from ..store.base import PermissionRecord, Store
 from ..tools.base import ToolContext
-
-
-class PermissionNotFound(RequestError):
-    code = "not_found"
 
 
 @dataclass

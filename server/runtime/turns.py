@@ -6,7 +6,7 @@ of `turn.completed`, `turn.failed` (with the error envelope) or
 `turn.cancelled`; `finish` writes that ending even when the turn was
 cancelled, under a shield. Nothing a turn raises escapes it: a storage
 failure fails the turn with `storage_error`, a bug with `internal`. An
-ending the store could not take is kept (`Running.ending`, so the waiting
+ending the store could not take is kept (`ActiveTurn.ending`, so the waiting
 client still gets it) and written once the store is writable again
 (`record_unrecorded`).
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..compiler.definitions import Closure
@@ -25,11 +25,11 @@ from ..messages import Message, repair_history
 from ..store.base import ConversationRecord, EventRecord, TurnRecord
 from ..tools.base import ToolContext
 from .loop import Append, Done, Emit, run_turn
+from .turn import ActiveTurn, Completed, Ending, Failed, ending_of
 
 if TYPE_CHECKING:
     from ..metrics import Metrics
     from ..store.base import Store
-    from .conversations import Running
     from .events import EventHub
     from .plans import Runtime
 
@@ -53,20 +53,19 @@ class TurnRunner:
             request_digest=request_digest if key else None, started_at=time.time(),
         )
 
-    async def never_ran(self, running: Running) -> Running:
+    async def never_ran(self, active: ActiveTurn) -> ActiveTurn:
         """Record a turn cancelled while it waited for its slot: started and cancelled, nothing run."""
-        turn = running.turn
+        turn = active.record
         now = time.time()
-        await self.store.create_turn(replace(turn, status="cancelled", stop_reason="cancelled", ended_at=now))
-        running.started_seq = await self.emit(turn.conversation_id, "turn.started", {
+        ending = ending_of(turn, active.final_outcome(), now)
+        await self.store.create_turn(replace(turn, **ending.changes))
+        active.begin(await self.emit(turn.conversation_id, "turn.started", {
             "turn_id": turn.id, "digest": turn.digest, "agent": turn.agent,
-        })
-        await self.emit(turn.conversation_id, "turn.cancelled", {"turn_id": turn.id})
-        running.messages = []
-        running.done.set()
-        running.attention.set()
-        self.metrics.turns.inc(turn.agent, "cancelled")
-        return running
+        }))
+        await self.emit(turn.conversation_id, ending.event, ending.data)
+        active.end(ending)
+        self.metrics.turns.inc(turn.agent, ending.changes["status"])
+        return active
 
     async def emit(self, conversation_id: str, name: str, data: dict[str, Any]) -> int:
         now = time.time()
@@ -80,32 +79,31 @@ class TurnRunner:
         self.hub.publish_global("conversation.status", {"conversation_id": conversation_id,
                                                         "status": status})
 
-    async def run(self, conversation: ConversationRecord, closure: Closure, running: Running,
+    async def run(self, conversation: ConversationRecord, closure: Closure, active: ActiveTurn,
                   task_status: Any) -> None:
-        turn = running.turn
+        turn = active.record
         await self.store.create_turn(turn)
         await self.set_status(conversation.id, "busy")
         self.metrics.busy.inc(amount=1)
-        running.started_seq = await self.emit(conversation.id, "turn.started", {
+        active.begin(await self.emit(conversation.id, "turn.started", {
             "turn_id": turn.id, "digest": turn.digest, "agent": turn.agent,
-        })
+        }))
         task_status.started()
-        running.messages = []
         history = await self.transcripts.history(conversation.id)
         context = ToolContext(conversation_id=conversation.id, turn_id=turn.id, agent=turn.agent,
                               digest=turn.digest, root=closure.root, environ=self.runtime.environ,
-                              channel=_Channel(self, conversation.id, running), files=self.runtime.files)
+                              channel=_Channel(self, conversation.id, active), files=self.runtime.files)
         try:
             plan = await self.runtime.plan(closure, tuple(repair_history(history)), turn.input, context)
             async for event in run_turn(plan):
-                await self._handle(conversation.id, turn, running, event)
+                await self._handle(conversation.id, turn, active, event)
         except CorralError as exc:
-            running.outcome = ("failed", exc.envelope()["error"])
+            active.settle(Failed(exc.envelope()["error"]))
         except Exception:  # a bug must fail this turn, not the task group every turn runs in
             log.exception("turn %s failed unexpectedly", turn.id)
-            running.outcome = ("failed", {"code": "internal", "message": "internal error during the turn"})
+            active.settle(Failed({"code": "internal", "message": "internal error during the turn"}))
 
-    async def _handle(self, conversation_id: str, turn: TurnRecord, running: Running, event: Any) -> None:
+    async def _handle(self, conversation_id: str, turn: TurnRecord, active: ActiveTurn, event: Any) -> None:
         if isinstance(event, Emit):
             await self.emit(conversation_id, event.name, event.data)
             if event.name == "tool.finished":
@@ -113,15 +111,15 @@ class TurnRunner:
                 self.metrics.tool_calls.inc(event.data["name"], outcome)
         elif isinstance(event, Append):
             await self.store.append_messages(conversation_id, turn.id, [event.message], time.time())
-            running.messages.append(event.message)
+            active.append(event.message)
         elif isinstance(event, Done):
-            running.outcome = ("completed", event)
+            active.settle(Completed(event.output, event.stop_reason, event.usage))
 
-    async def finish(self, conversation: ConversationRecord, running: Running) -> None:
+    async def finish(self, conversation: ConversationRecord, active: ActiveTurn) -> None:
         """Record how the turn ended; runs shielded, whatever happened."""
-        turn = running.turn
+        turn = active.record
         now = time.time()
-        ending = running.ending = _ending(running, now)
+        ending = ending_of(turn, active.final_outcome(), now)
         try:
             await self._record(ending)
         except StorageError:
@@ -130,6 +128,7 @@ class TurnRunner:
         except Exception:
             log.exception("could not record the end of turn %s", turn.id)
         finally:
+            active.end(ending)
             self.metrics.busy.inc(amount=-1)
             self.metrics.turns.inc(turn.agent, ending.changes["status"])
             self.metrics.turn_duration.observe(now - turn.started_at, turn.agent)
@@ -155,53 +154,19 @@ class TurnRunner:
                 self.unrecorded.append(ending)
 
 
-@dataclass
-class Ending:
-    """How a turn ended: the turn's new columns and its last event, and how much is written."""
-
-    conversation_id: str
-    turn_id: str
-    changes: dict[str, Any]
-    event: str
-    data: dict[str, Any]
-    done: int = 0  # steps of `TurnRunner._record` already committed
-
-
-def _ending(running: Running, now: float) -> Ending:
-    turn, outcome = running.turn, running.outcome
-    changes: dict[str, Any] = {"ended_at": now}
-    data: dict[str, Any] = {"turn_id": turn.id}
-    if outcome is None and running.reason == "interrupted":
-        outcome = ("failed", {"code": "interrupted", "message": "the server shut down during this turn"})
-    if outcome is None:
-        changes.update(status="cancelled", stop_reason="cancelled")
-        event = "turn.cancelled"
-    elif outcome[0] == "failed":
-        changes.update(status="failed", error=outcome[1])
-        event, data["error"] = "turn.failed", outcome[1]
-    else:
-        done: Done = outcome[1]
-        changes.update(status="completed", output=done.output, stop_reason=done.stop_reason,
-                       usage=done.usage.to_json())
-        event = "turn.completed"
-        data.update(output=done.output, stop_reason=done.stop_reason, usage=done.usage.to_json())
-    return Ending(turn.conversation_id, turn.id, changes, event, data)
-
-
 class _Channel:
     """A turn's way back from its tool calls: events, and the waiting status."""
 
-    def __init__(self, runner: TurnRunner, conversation_id: str, running: Running):
+    def __init__(self, runner: TurnRunner, conversation_id: str, active: ActiveTurn):
         self.runner = runner
         self.conversation_id = conversation_id
-        self.running = running
-        self.turn_id = running.turn.id
+        self.active = active
+        self.turn_id = active.id
 
     async def emit(self, name: str, data: dict[str, Any]) -> None:
         await self.runner.emit(self.conversation_id, name, data)
         if name == "permission.requested":
-            self.running.asked = data
-            self.running.attention.set()
+            self.active.ask(data)
 
     async def waiting(self, on: bool) -> None:
         await self.runner.store.update_turn(self.turn_id, status="waiting" if on else "running")

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..errors import DuplicateIdempotencyKey  # noqa: F401  (re-exported: what `create_turn` raises)
 from ..messages import Message
 
 
@@ -81,10 +82,6 @@ class StoredDefinition:
     digest: str
     spec: dict[str, Any]
     first_seen: float
-
-
-class DuplicateIdempotencyKey(Exception):
-    """`create_turn`: the conversation already has a turn with this idempotency key."""
 
 
 @dataclass(frozen=True, kw_only=True)

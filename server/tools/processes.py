@@ -34,7 +34,9 @@ STOP_GRACE_S = 2.0  # for the supervisor to kill the tree once asked; its group 
 
 
 class StartFailed(Exception):
-    """The program could not be started; the message names argv[0] and is safe to show."""
+    """The program could not be started; the message names argv[0] and is safe to show.
+
+    A control-flow signal: a command tool shows it as its error output, a hook as its failure."""
 
 
 @dataclass

@@ -10,9 +10,10 @@ server down, a lost session) is noticed by the next request, which marks it
 down; the next use starts a new one. Failed starts back off exponentially,
 and a caller inside the back-off gets the last error at once.
 
-Not responsible for tool names, filtering or catalog drift (`tools.mcp`), or
-for rendering results (`tools.mcp_catalog`). Every error it reports as a
-`ToolOutput` or `StartFailed` is safe to show the model: no secret values.
+Not responsible for tool names, filtering or catalog drift (`connections`),
+or for rendering results (`catalog`). Every error it reports as a
+`ToolOutput` or `ServerUnavailable` is safe to show the model: no secret
+values.
 """
 
 from __future__ import annotations
@@ -52,8 +53,12 @@ INHERITED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "LANG", "LC
                  "TMPDIR", "TZ", "SYSTEMROOT")
 
 
-class StartFailed(Exception):
-    """The server could not be reached; the message is safe to show the model."""
+class ServerUnavailable(Exception):
+    """The MCP server could not be started or reached; the message is safe to show the model.
+
+    A control-flow signal, not a public error: a call turns it into a tool error output, `corral lock`
+    into `CatalogsUnavailable`. (A program a command tool or hook cannot start is
+    `tools.processes.StartFailed`.)"""
 
 
 def describe(exc: BaseException) -> str:
@@ -118,12 +123,12 @@ class Connection:
     # --- lifecycle -----------------------------------------------------------
 
     async def ensure(self) -> tuple[Client, bool]:
-        """The live client and whether it was just started; StartFailed when none can be."""
+        """The live client and whether it was just started; ServerUnavailable when none can be."""
         async with self._lock:
             if self._client is not None:
                 return self._client, False
             if anyio.current_time() < self._retry_at:
-                raise StartFailed(self._last_error)
+                raise ServerUnavailable(self._last_error)
             start = _Start()
             self._spawn(self._own, start)
             await start.event.wait()
@@ -132,7 +137,7 @@ class Connection:
                 backoff = min(BACKOFF_MIN_S * 2 ** (self._failures - 1), BACKOFF_MAX_S)
                 self._retry_at = anyio.current_time() + backoff
                 self._last_error = f"MCP server {self.server.name} could not be started: {start.error}"
-                raise StartFailed(self._last_error)
+                raise ServerUnavailable(self._last_error)
             self._failures = 0
             return start.client, True
 
@@ -223,7 +228,7 @@ class Connection:
         """Call one tool; every failure becomes an error output, never a hang."""
         try:
             client, _ = await self.ensure()
-        except StartFailed as exc:
+        except ServerUnavailable as exc:
             return ToolOutput(str(exc), is_error=True)
         if self.refusal:
             return ToolOutput(self.refusal, is_error=True)

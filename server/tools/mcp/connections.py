@@ -1,6 +1,6 @@
 """Tools of MCPServer definitions: the runtime's `MCPToolSource`.
 
-`MCPConnections` keeps one supervised connection (`tools.mcp_connection`)
+`MCPConnections` keeps one supervised connection (`connection`)
 per MCPServer *digest*: an edited definition gets a new connection, and the
 old one is closed once no call is running on it. Connections start on first
 use and live in the task group of `MCPConnections.run`, which runs for the
@@ -30,7 +30,7 @@ from ...deployment.vault import NO_VAULT, FileVault
 from ...messages import ToolSpec
 from ..base import ToolContext, ToolOutput, ToolPort
 from .catalog import catalog_digest_of, catalog_of, tool_name
-from .connection import Connection, StartFailed
+from .connection import Connection, ServerUnavailable
 
 DriftCallback = Callable[[str, str, str], None]  # (server name, expected digest, observed digest)
 DRIFT_REFUSAL = "MCP server {name}: catalog drifted from corral.lock ({expected} -> {observed})"
@@ -105,7 +105,7 @@ class MCPConnections:
         connection = self._connection(server, root)
         try:
             catalog = await connection.refresh()
-        except StartFailed as exc:
+        except ServerUnavailable as exc:
             if connection.catalog is None or only:
                 return [Unavailable(connection, only, str(exc))]
             catalog = connection.catalog  # the last one seen: its calls retry and say why they fail
@@ -120,7 +120,7 @@ class MCPConnections:
         return ports
 
     async def catalog(self, server: MCPServerDefinition, root: Path) -> list[dict[str, Any]]:
-        """The server's exposed tools as `{name, description, input_schema}`, sorted; StartFailed."""
+        """The server's exposed tools as `{name, description, input_schema}`, sorted; ServerUnavailable."""
         return catalog_of(server, await self._connection(server, root).refresh())
 
     async def catalog_digest(self, server: MCPServerDefinition, root: Path) -> str:
@@ -155,7 +155,7 @@ class MCPConnections:
 
     def _spawn(self, func: Callable[..., Any], *args: Any) -> None:
         if self._tg is None:
-            raise StartFailed("MCP connections are not running")
+            raise ServerUnavailable("MCP connections are not running")
         self._tg.start_soon(func, *args)
 
     def _observed(self, connection: Connection) -> None:
@@ -197,7 +197,7 @@ async def observe_catalogs(definitions: DefinitionSet,
     async def observe(server: MCPServerDefinition) -> None:
         try:  # bounded inside: a start by its time-out, a listing by `timeout_s`
             digests[server.name] = await connections.catalog_digest(server, definitions.root)
-        except StartFailed as exc:
+        except ServerUnavailable as exc:
             failures[server.name] = str(exc)
 
     async with anyio.create_task_group() as tg:

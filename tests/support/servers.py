@@ -1,14 +1,22 @@
-"""`corral serve` as a real child process, for what only a process shows: signals, logs, exit codes.
+"""A real Corral for a test, on loopback: in this process, or as a `corral serve` child process.
+
+    with corral_server(defs, state) as url:      # uvicorn on 127.0.0.1, a free port, in a thread
+        ...
+
+    app = corral_app(defs, state)                # white-box: the same, with the app at hand
+    with serving(app) as url:
+        app.state.service ...
 
     with ServerProcess(defs, state, env={"CORRAL_LOG_FORMAT": "json"}) as server:
-        httpx.get(server.url + "/healthz")
-        server.terminate()            # SIGTERM, then wait (bounded) for the exit
-    server.stderr                     # everything it logged
+        httpx.get(server.url + "/healthz")       # for what only a process shows: signals, logs, exits
+        server.terminate()                       # SIGTERM, then wait (bounded) for the exit
+    server.stderr                                # everything it logged
 
-The server binds port 0; its address is read from uvicorn's "running on"
-line, so there is no race for a free port. stderr is read by a thread that
-keeps every line and wakes waiters, so every wait is on a condition, bounded.
-Leaving the block kills the process if it is still alive.
+In process, the watcher is off unless a test asks (`watch=True`). The child
+binds port 0; its address is read from uvicorn's "running on" line, so there
+is no race for a free port. Its stderr is read by a thread that keeps every
+line and wakes waiters, so every wait is on a condition, bounded. Leaving the
+block kills the process if it is still alive.
 """
 
 from __future__ import annotations
@@ -19,11 +27,40 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from starlette.applications import Starlette
+
+from server.http import create_app
+from server.settings import Settings
+from tests.fakes.uvicorn_thread import serve
+
+REPO = Path(__file__).resolve().parents[2]
+REPO_DEFINITIONS = REPO / "definitions"
 RUNNING = re.compile(r"running on (http://[0-9.]+:\d+)")
+
+
+def corral_app(definitions: Path, state_dir: Path, **settings: Any) -> Starlette:
+    """Corral's ASGI app on `definitions` and `state_dir` (no watcher unless `watch=True`)."""
+    return create_app(Settings(definitions=definitions, state_dir=state_dir, **({"watch": False} | settings)))
+
+
+@contextmanager
+def serving(app: Starlette, *, host: str = "127.0.0.1") -> Iterator[str]:
+    """`app` on a real uvicorn on `host`, a free port, until the block ends; yields its base URL."""
+    with serve(app, host=host, graceful_s=5.0) as base_url:
+        yield base_url
+
+
+@contextmanager
+def corral_server(definitions: Path, state_dir: Path, *, host: str = "127.0.0.1",
+                  **settings: Any) -> Iterator[str]:
+    """A real Corral in this process (see `corral_app`, `serving`); yields its base URL."""
+    with serving(corral_app(definitions, state_dir, host=host, **settings), host=host) as base_url:
+        yield base_url
 
 
 def clean_environ(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -33,6 +70,8 @@ def clean_environ(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 class ServerProcess:
+    """`corral serve DEFINITIONS` as a child process, its stderr kept line by line."""
+
     def __init__(self, definitions: Path, state_dir: Path, *, env: dict[str, str] | None = None,
                  args: Sequence[str] = ("--no-watch",), host: str = "127.0.0.1"):
         self.argv = [sys.executable, "-m", "server.cli", "serve", str(definitions),
@@ -46,7 +85,7 @@ class ServerProcess:
 
     def launch(self) -> ServerProcess:
         """Start the process without waiting (several servers can then start side by side)."""
-        self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(self.argv, cwd=REPO, env=self.env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         threading.Thread(target=self._read, daemon=True).start()
         return self

@@ -1,0 +1,169 @@
+"""A turn as the run stage holds it: its live state, how it ended, and its result.
+
+`ActiveTurn` is one turn in progress on this process: its record, the cancel
+scope it runs in, what it added to the transcript, the permission request it
+waits on. `Conversations` cancels it (`cancel`), the `TurnRunner` drives it
+(`begin`, `append`, `ask`, `end`), surfaces wait on it (`done`, `attention`)
+and read what it ended with (`Conversations.result` -> `TurnResult`).
+
+How a turn ends is an `Outcome`, a tagged union: `Completed` (the answer),
+`Failed` (an error envelope), `Cancelled` (a client or a later `interrupt`
+stopped it), `Interrupted` (the server stopped first: recorded as failed with
+code `interrupted`). `ending_of` turns an outcome into the turn's final
+columns and its last event, `Ending`.
+
+This module runs nothing and persists nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from ..messages import Message, Usage
+from ..store.base import TurnRecord
+
+TERMINAL_EVENTS = ("turn.completed", "turn.failed", "turn.cancelled")
+CANCELLED_ERROR = {"code": "cancelled", "message": "the turn was cancelled"}
+INTERRUPTED_ERROR = {"code": "interrupted", "message": "the server shut down during this turn"}
+
+
+@dataclass(frozen=True)
+class Completed:
+    output: str
+    stop_reason: str
+    usage: Usage
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: Mapping[str, Any]  # the envelope's body: {"code", "message", "details"?}
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    pass
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    pass
+
+
+Outcome = Completed | Failed | Cancelled | Interrupted
+
+
+@dataclass
+class Ending:
+    """How a turn ended: the turn's new columns and its last event, and how much is written."""
+
+    conversation_id: str
+    turn_id: str
+    changes: dict[str, Any]
+    event: str
+    data: dict[str, Any]
+    done: int = 0  # steps of `TurnRunner._record` already committed
+
+
+def ending_of(turn: TurnRecord, outcome: Outcome, now: float) -> Ending:
+    changes: dict[str, Any] = {"ended_at": now}
+    data: dict[str, Any] = {"turn_id": turn.id}
+    if isinstance(outcome, Interrupted):
+        outcome = Failed(INTERRUPTED_ERROR)
+    match outcome:
+        case Completed(output=output, stop_reason=stop_reason, usage=usage):
+            changes.update(status="completed", output=output, stop_reason=stop_reason, usage=usage.to_json())
+            data.update(output=output, stop_reason=stop_reason, usage=usage.to_json())
+            event = "turn.completed"
+        case Failed(error=error):
+            changes.update(status="failed", error=dict(error))
+            data["error"] = dict(error)
+            event = "turn.failed"
+        case _:
+            changes.update(status="cancelled", stop_reason="cancelled")
+            event = "turn.cancelled"
+    return Ending(turn.conversation_id, turn.id, changes, event, data)
+
+
+@dataclass
+class ActiveTurn:
+    """One turn in progress here; only its methods change it."""
+
+    record: TurnRecord
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    done: anyio.Event = field(default_factory=anyio.Event)
+    attention: anyio.Event = field(default_factory=anyio.Event)  # set when it asks a person, or ends
+    started_seq: int = 0  # the seq of its `turn.started`: a stream of this turn replays from there
+    outcome: Outcome | None = None
+    messages: list[Message] | None = None  # what it added to the transcript, once it ran here
+    asked: dict[str, Any] | None = None  # the permission request it waits on
+    ending: Ending | None = None  # once it ended (also when the store could not take it)
+    _interrupted: bool = False
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    def cancel(self, *, interrupted: bool = False) -> None:
+        """Stop it: a client's cancel, or (`interrupted`) the server stopping."""
+        self._interrupted = self._interrupted or interrupted
+        self.scope.cancel()
+
+    def begin(self, started_seq: int) -> None:
+        self.started_seq = started_seq
+        self.messages = []
+
+    def append(self, message: Message) -> None:
+        assert self.messages is not None
+        self.messages.append(message)
+
+    def ask(self, request: dict[str, Any]) -> None:
+        self.asked = request
+        self.attention.set()
+
+    def settle(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+
+    def final_outcome(self) -> Outcome:
+        """What it ended with: a run that produced no outcome was cancelled, or interrupted."""
+        if self.outcome is not None:
+            return self.outcome
+        return Interrupted() if self._interrupted else Cancelled()
+
+    def end(self, ending: Ending) -> None:
+        self.ending = ending
+        self.done.set()
+        self.attention.set()
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    """The answer of a turn that ended, as every surface renders it."""
+
+    turn_id: str
+    conversation_id: str
+    digest: str
+    status: str  # completed | failed | cancelled
+    output: str | None
+    messages: tuple[Message, ...]
+    usage: Mapping[str, int]
+    error: Mapping[str, Any] | None = None
+
+    @property
+    def completed(self) -> bool:
+        return self.status == "completed"
+
+    def failure(self) -> Mapping[str, Any]:
+        """The error to show for a turn that did not complete (a cancelled one has no stored error)."""
+        return self.error or CANCELLED_ERROR
+
+    def to_json(self) -> dict[str, Any]:
+        """The non-streaming HTTP answer (§8)."""
+        body: dict[str, Any] = {"turn_id": self.turn_id, "digest": self.digest, "status": self.status,
+                                "output": self.output, "messages": [m.to_json() for m in self.messages]}
+        if self.error:
+            body["error"] = dict(self.error)
+        return body
