@@ -143,7 +143,8 @@ def _assemble(settings: Settings, compiler: Compiler, definitions: DefinitionSet
     mcp = _mcp_connections(definitions.root, settings.locked, hub, files)
     secrets = Secrets(os.environ, settings.keys)
     secrets.learn(d.spec for d in definitions)
-    runtime = Runtime(client, mcp=mcp, permissions=permissions, metrics=metrics, files=files, secrets=secrets)
+    runtime = Runtime(client, mcp=mcp, permissions=permissions, metrics=metrics, files=files, secrets=secrets,
+                      transcripts=settings.state_dir / "transcripts")
     conversations = Conversations(store, registry, runtime, hub, metrics,
                                   idempotency_ttl_s=settings.idempotency_ttl_s,
                                   max_turns=settings.max_concurrent_turns)

@@ -271,6 +271,18 @@ def test_every_dangling_reference_in_one_run(tmp_path: Path) -> None:
     ]
 
 
+def test_field_errors_and_dangling_references_in_one_run(tmp_path: Path) -> None:
+    """A misspelled tool name shows up beside another document's field error, not after it is fixed;
+    a name whose document is invalid is not reported dangling as well."""
+    root = build(tmp_path, {
+        "agent.yaml": AGENT.replace("[echo]", "[ecko]"),
+        "models.yaml": MODEL + "temprature: 0.2\n",
+    })
+    assert [(where(e), e.field) for e in errors_of(root)] == [
+        ("agent.yaml:4:9:", "tools[0]"), ("models.yaml:7:1:", "temprature"),
+    ]
+
+
 @pytest.mark.parametrize("cut", range(1, len(TOOL + AGENT), 3))
 def test_truncated_files_never_crash(tmp_path: Path, cut: int) -> None:
     text = TOOL + "---\n" + AGENT

@@ -5,17 +5,18 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
 
 from server import cli
 from server.compiler.compiler import Compiler
 from server.compiler.yamltext import parse_yaml
+from tests.support.trees import copy_definitions
 
 REPO = Path(__file__).resolve().parent.parent
 DEFINITIONS = REPO / "definitions"
@@ -45,7 +46,15 @@ def corral_many(commands: list[tuple[str | Path, ...]]) -> list[subprocess.Compl
 
 @pytest.fixture
 def defs(tmp_path: Path) -> Path:
-    return Path(shutil.copytree(DEFINITIONS, tmp_path / "definitions"))
+    return copy_definitions(DEFINITIONS, tmp_path / "definitions")
+
+
+def test_a_lock_left_in_the_source_tree_is_not_copied(tmp_path: Path) -> None:
+    source = copy_definitions(DEFINITIONS, tmp_path / "source")
+    assert corral("lock", source).returncode == 0  # what the README has a newcomer do
+    copied = copy_definitions(source, tmp_path / "copy")
+    assert (source / "corral.lock").exists() and not (copied / "corral.lock").exists()
+    assert corral("lock", copied, "--check").returncode == 1
 
 
 def test_validate_digest_and_json(defs: Path) -> None:
@@ -167,6 +176,19 @@ def test_schema_accepts_every_shipped_document_and_rejects_unknown_fields() -> N
     assert not validator.is_valid({**examples[0], "event": "before_tool"})
 
 
+def test_a_misspelled_field_is_named_by_the_schema() -> None:
+    """Editors show the best error: it names the field, not "not valid under any of the schemas"."""
+    validator = Draft202012Validator(json.loads(corral("schema").stdout))
+    agent = next(d for d in _documents(DEFINITIONS) if d["kind"] == "Agent")
+    error = best_match(validator.iter_errors({**agent, "tolls": ["word_count"]}))
+    assert error is not None and "'tolls' was unexpected" in error.message, error.message
+    tool = {"kind": "Tool", "name": "t", "command": {"argv": ["true"], "timout_s": 3}}
+    error = best_match(validator.iter_errors(tool))
+    assert error is not None and "'timout_s' was unexpected" in error.message, error.message
+    wrong_kind = best_match(validator.iter_errors({**agent, "kind": "Agnet"}))
+    assert wrong_kind is not None and "Agnet" in wrong_kind.message
+
+
 # --- secrets ---------------------------------------------------------------------
 
 SECRET_SET = {
@@ -254,3 +276,14 @@ def test_secret_values_never_appear(tmp_path: Path) -> None:
     for text in outputs:
         for value in SECRETS.values():
             assert value not in text
+
+
+def test_a_missing_definition_directory_is_said_plainly(tmp_path: Path) -> None:
+    """`corral validate` run inside definitions/ looks for definitions/definitions: say that, in one line."""
+    env = {k: v for k, v in os.environ.items() if k != "CORRAL_DEFINITIONS"} | {"PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "server.cli", "validate"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith("error: the definition directory definitions (") and "does not exist" in line
+    assert ":1:1:" not in line

@@ -62,6 +62,7 @@ def hook_documents(marker_dir: Path, hook_url: str) -> list[dict[str, Any]]:
         hook("hang-allow", "pre_tool_use", script("hang"), timeout_s=0.5, on_error="allow", **tool),
         hook("crash-deny", "pre_tool_use", script("crash"), **tool),
         hook("crash-allow", "pre_tool_use", script("crash"), on_error="allow", **tool),
+        hook("missing-deny", "pre_tool_use", ["./no-such-program"], **tool),
         {"kind": "Hook", "name": "http-deny", "event": "pre_tool_use", "matcher": "bash|other",
          "http": {"url": hook_url}, "timeout_s": 10},
         hook("allow", "pre_tool_use", script("say", ALLOW_JSON), **tool),
@@ -75,7 +76,8 @@ def hook_documents(marker_dir: Path, hook_url: str) -> list[dict[str, Any]]:
 AGENTS = {
     "blocker": ["block-rm"], "rewriter": ["rewrite"], "contexter": ["add-context"],
     "hang-deny": ["hang-deny"], "hang-allow": ["hang-allow"], "crash-deny": ["crash-deny"],
-    "crash-allow": ["crash-allow"], "http-hooked": ["http-deny"], "strictest": ["allow", "ask", "deny"],
+    "crash-allow": ["crash-allow"], "missing-deny": ["missing-deny"], "http-hooked": ["http-deny"],
+    "strictest": ["allow", "ask", "deny"],
     "asker": ["allow", "ask"], "gatekeeper": ["no-prompts"], "persistent": ["stop-once"],
 }
 
@@ -188,11 +190,14 @@ async def test_additional_context_reaches_the_model(client: httpx.AsyncClient) -
 @pytest.mark.parametrize(("agent", "runs", "failure"), [
     ("hang-deny", False, "hook hang-deny timed out after 0.5s"),
     ("hang-allow", True, None),
-    ("crash-deny", False, "hook crash-deny failed (exit code 1)"),
+    ("missing-deny", False, "hook missing-deny could not start: program not found: ./no-such-program"),
+    # A hook that ran and crashed (exit 1) is a non-blocking error, whatever its on_error: as in
+    # Claude Code, only exit 2 or a JSON deny blocks.
+    ("crash-deny", True, None),
     ("crash-allow", True, None),
 ])
-async def test_a_failing_hook_follows_on_error(served: Served, client: httpx.AsyncClient, agent: str,
-                                               runs: bool, failure: str | None) -> None:
+async def test_a_hook_that_fails_to_run_follows_on_error_and_a_crash_does_not_block(
+        served: Served, client: httpx.AsyncClient, agent: str, runs: bool, failure: str | None) -> None:
     command = f"echo from {agent}"
     _, answer = await talk(client, agent, f"run {command}")
     assert answer["status"] == "completed"

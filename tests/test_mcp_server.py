@@ -11,7 +11,6 @@ same state directory.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,7 +29,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
 from tests.support.servers import REPO, REPO_DEFINITIONS, corral_server
-from tests.support.trees import write_tree
+from tests.support.trees import copy_definitions, write_tree
 
 pytestmark = pytest.mark.anyio
 ERA = {"auto": "2026-07-28", "legacy": "2025-11-25"}
@@ -104,7 +103,7 @@ class Target:
                 ids="-".join)
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
     definitions = tmp_path / "definitions"
-    shutil.copytree(REPO_DEFINITIONS, definitions)
+    copy_definitions(REPO_DEFINITIONS, definitions)
     write_tree(definitions, EXTRA)
     transport, mode = request.param
     found = Target(transport, mode, definitions, tmp_path / "state")

@@ -34,6 +34,17 @@ def _compile(directory: str) -> DefinitionSet:
     return Compiler(directory).compile()
 
 
+def _check_dir(args: argparse.Namespace) -> None:
+    """A definition directory that is not there is a usage mistake, said as one: not a document error."""
+    directory = getattr(args, "dir", None)
+    if not directory or getattr(args, "url", None) or Path(directory).is_dir():
+        return
+    where = Path(directory).resolve()
+    what = "is not a directory" if where.exists() else "does not exist"
+    raise CorralError(f"the definition directory {directory} ({where}) {what}: pass DIR, set "
+                      "CORRAL_DEFINITIONS, or run corral where that directory is", code="invalid_request")
+
+
 def _print_errors(exc: DefinitionsInvalid) -> None:
     for error in exc.errors:
         print(error, file=sys.stderr)
@@ -167,6 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "dir", "") is None:
         args.dir = _default_dir()
     try:
+        _check_dir(args)
         return int(args.func(args) or 0)
     except DefinitionsInvalid as exc:
         _print_errors(exc)

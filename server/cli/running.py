@@ -1,16 +1,14 @@
-"""The verbs that run agents: `corral serve` and `corral chat`."""
+"""The verbs that serve agents: `corral serve` (HTTP) and `corral mcp` (stdio); `corral chat` is `chat`'s."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import anyio
-import httpx
 
 from .. import logs
 from ..errors import CorralError
@@ -32,15 +30,9 @@ def add_verbs(verbs: argparse._SubParsersAction,
                        help="allow a non-loopback bind without CORRAL_API_KEYS (dangerous)")
     serve.set_defaults(func=cmd_serve)
 
-    chat = verbs.add_parser(
-        "chat", help="chat with an agent in the terminal",
-        description="Chat with an agent, streaming; local runtime, or a server with --url.",
-    )
-    chat.add_argument("agent", metavar="AGENT", help="agent name, or name@sha256:…")
-    chat.add_argument("--url", help="a running Corral server, e.g. http://127.0.0.1:8420")
-    chat.add_argument("--dir", default=None, help="definition directory for the local runtime")
-    chat.add_argument("--api-key", default=None, help="bearer key for --url (default $CORRAL_API_KEY)")
-    chat.set_defaults(func=cmd_chat)
+    from .chat import add_verb as add_chat
+
+    add_chat(verbs)
 
     mcp = verbs.add_parser(
         "mcp", help="serve the agents as an MCP server over stdio",
@@ -120,97 +112,13 @@ def _draining_server(config, app):
     return DrainingServer(config)
 
 
-def cmd_chat(args: argparse.Namespace) -> int:
-    if not args.url:
-        return anyio.run(_chat_local, args)
-    try:
-        return anyio.run(_chat_remote, args)
-    except httpx.TransportError as exc:  # the server is down or went away: one line and its own status
-        reason = str(exc) or type(exc).__name__
-        raise CorralError(f"cannot reach {args.url}: {reason}", code="unreachable") from None
-
-
-async def _prompts() -> AsyncIterator[str]:
-    interactive = sys.stdin.isatty()
-    while True:
-        if interactive:
-            print("you> ", end="", flush=True)
-        line = await anyio.to_thread.run_sync(sys.stdin.readline)
-        if not line:
-            return
-        if line.strip():
-            yield line.strip()
-
-
-def _render(name: str, data: dict[str, Any]) -> None:
-    if name == "message.delta":
-        print(data["text"], end="", flush=True)
-    elif name == "tool.started":
-        print(f"[{data['name']} {json.dumps(data['arguments'])}]", file=sys.stderr, flush=True)
-    elif name == "turn.completed":
-        print(flush=True)
-    elif name == "turn.failed":
-        print(f"\n[failed: {data['error']['code']}: {data['error']['message']}]", file=sys.stderr, flush=True)
-    elif name == "turn.cancelled":
-        print("\n[cancelled]", file=sys.stderr, flush=True)
-
-
-async def _chat_local(args: argparse.Namespace) -> int:
-    from ..service import open_service
-
-    async with open_service(settings_from(args)) as service:
-        conversation = await service.conversations.create(args.agent, "corral chat", {"source": "chat"})
-        print(f"[{conversation.agent_name} {conversation.digest[:19]}… conversation {conversation.id}]",
-              file=sys.stderr)
-        async for text in _prompts():
-            turn = await service.conversations.send(conversation.id, text, if_busy="enqueue")
-            async for event in service.conversations.events(conversation.id, after=turn.started_seq - 1,
-                                                            until_turn=turn.id):
-                if event is not None:
-                    _render(event.name, event.data)
-    return 0
-
-
-async def _chat_remote(args: argparse.Namespace) -> int:
-    import os
-
-    key = args.api_key or os.environ.get("CORRAL_API_KEY")
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    async with httpx.AsyncClient(base_url=args.url, headers=headers, timeout=None) as client:
-        response = await client.post("/v1/conversations", json={"agent": args.agent, "title": "corral chat"})
-        if response.status_code != 201:
-            raise _refused(response)
-        conversation = response.json()
-        print(f"[{conversation['agent_name']} conversation {conversation['id']}]", file=sys.stderr)
-        async for text in _prompts():
-            body = {"content": text, "stream": True, "if_busy": "enqueue"}
-            async with client.stream("POST", f"/v1/conversations/{conversation['id']}/messages",
-                                     json=body) as stream:
-                if stream.status_code != 200:
-                    await stream.aread()
-                    raise _refused(stream)
-                name = ""
-                async for line in stream.aiter_lines():
-                    if line.startswith("event: "):
-                        name = line[7:]
-                    elif line.startswith("data: "):
-                        _render(name, json.loads(line[6:]))
-    return 0
-
-
-def _refused(response: httpx.Response) -> CorralError:
-    """A server's error answer, with the code it carries: the exit status is that code's."""
-    try:
-        code = response.json()["error"]["code"]
-    except (ValueError, KeyError, TypeError):
-        code = "internal"
-    return CorralError(f"{response.status_code}: {response.text}", code=str(code))
-
-
 def cmd_mcp(args: argparse.Namespace) -> int:
     # stdout is the JSON-RPC pipe: everything else goes to stderr
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from ..tools.mcp.connection import STDERR_LOG
+
+    logging.getLogger(STDERR_LOG).setLevel(logging.INFO)  # what our MCP servers write to stderr, kept
     return anyio.run(_serve_stdio, settings_from(args))
 
 

@@ -105,8 +105,11 @@ class Compiler:
             docs, file_errors = self.sources.read(self.root, path)
             documents += docs
             errors += file_errors
+        every_file_read = not errors  # else a file's names are unknown: its references cannot be told
         entries = self._entries(documents, errors)
         if errors:
+            if every_file_read:
+                self._check_references_only(entries, documents, errors)
             raise DefinitionsInvalid(errors)
         definitions = self._link(entries, errors)
         if errors:
@@ -173,6 +176,23 @@ class Compiler:
                                name=name, field=_field_path(path), message=message)
 
     # --- across documents --------------------------------------------------
+
+    def _check_references_only(self, entries: dict[Key, _Entry], documents: list[SourceDocument],
+                               errors: list[DefinitionError]) -> None:
+        """With some documents invalid, the references of the valid ones are still checked, so an author
+        sees a misspelled name in the same pass; a name of an invalid document counts as defined."""
+        named = [d.parsed.data for d in documents if isinstance(d.parsed.data, dict)]
+        invalid = frozenset(
+            (data["kind"], data["name"]) for data in named
+            if isinstance(data.get("kind"), str) and isinstance(data.get("name"), str)
+        ) - entries.keys()
+
+        def report(key: Key, path: tuple[str | int, ...], message: str) -> None:
+            errors.append(self._error(entries[key].source, key[0], key[1], path, message))
+
+        specs = {k: e.normalized.spec for k, e in entries.items()}
+        Linker(specs, {k: e.own_digest for k, e in entries.items()}, report, {}, None,
+               invalid).check_references()
 
     def _link(self, entries: dict[Key, _Entry], errors: list[DefinitionError]) -> list[Definition]:
         def report(key: Key, path: tuple[str | int, ...], message: str) -> None:

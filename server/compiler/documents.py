@@ -20,6 +20,11 @@ from .metaschema import check_schema
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
+# A Tool's name may use capitals, so a tool can be called `Bash` as Claude Code's is (hook scripts
+# check `tool_name == "Bash"`); Tool names are unique regardless of case (see `linking`).
+TOOL_NAME = r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}"
+ToolName = Annotated[str, StringConstraints(pattern=f"^{TOOL_NAME}$")]
+TOOL_REF = re.compile(rf"{TOOL_NAME}(/[A-Za-z0-9._-]{{1,128}})?")  # an agent's `tools:` entry
 Seconds = Annotated[float, Field(gt=0, le=86_400)]
 KINDS = ("Agent", "Model", "Tool", "MCPServer", "Hook", "Skill")
 
@@ -199,6 +204,7 @@ class CommandAction(Strict):
 
 class ToolDocument(Document):
     kind: Literal["Tool"]
+    name: ToolName
     input_schema: dict[str, Any] = Field(
         default_factory=lambda: {"type": "object", "properties": {}}
     )
@@ -376,7 +382,7 @@ class AgentDocument(Document):
     @classmethod
     def _tools(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         for ref in v:
-            if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,62}(/[A-Za-z0-9._-]{1,128})?", ref):
+            if not TOOL_REF.fullmatch(ref):
                 raise ValueError(f"{ref!r} is not a tool name, server name or server/tool")
         return v
 
@@ -401,11 +407,19 @@ DOCUMENT_MODELS: dict[str, type[Document]] = {
 
 
 def json_schema() -> dict[str, Any]:
-    """One JSON Schema for any definition document, for editors."""
+    """One JSON Schema for any definition document, for editors.
+
+    It branches on `kind` (`if`/`then`), not `oneOf`: with `oneOf` a misspelled field fails every
+    branch and a validator can only say "not valid under any of the given schemas"; here the one
+    branch of the document's kind reports the field by name.
+    """
     schema: dict[str, Any] = {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "Corral definition document",
-        "oneOf": [],
+        "type": "object",
+        "required": ["kind"],
+        "properties": {"kind": {"enum": list(DOCUMENT_MODELS)}},
+        "allOf": [],
         "$defs": {},
     }
     for kind, model in DOCUMENT_MODELS.items():
@@ -417,5 +431,6 @@ def json_schema() -> dict[str, Any]:
                 "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]
             }
         schema["$defs"][model.__name__] = sub
-        schema["oneOf"].append({"$ref": f"#/$defs/{model.__name__}"})
+        schema["allOf"].append({"if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]},
+                                "then": {"$ref": f"#/$defs/{model.__name__}"}})
     return schema

@@ -52,8 +52,11 @@ def _missing(kind: str, name: str, names: list[str]) -> str:
 
 class Linker:
     def __init__(self, specs: dict[Key, dict[str, Any]], own_digests: dict[Key, str],
-                 report: Report, memo: dict, previous: LinkState | None = None):
+                 report: Report, memo: dict, previous: LinkState | None = None,
+                 invalid: frozenset[Key] = frozenset()):
         self.specs = specs
+        # Documents that exist but failed validation: a reference to one is not dangling.
+        self.invalid = invalid
         self.own = own_digests
         self.report = report
         self.memo = memo  # (own digest, closure items) -> digest, kept across compiles
@@ -70,13 +73,15 @@ class Linker:
             self._edges = {k: e for k, e in self.previous.edges.items() if k not in self.changed}
 
     def has(self, kind: str, name: str) -> bool:
-        return (kind, name) in self.specs
+        return (kind, name) in self.specs or (kind, name) in self.invalid
 
     def error(self, key: Key, path: tuple[str | int, ...], message: str) -> None:
         self.ok = False
         self.report(key, path, message)
 
     def check_references(self) -> None:
+        if self.previous is None:  # the same names as a link that succeeded cannot clash
+            self._check_tool_names()
         for (kind, name) in self.changed:
             spec = self.specs[(kind, name)]
             if kind == "Agent":
@@ -86,6 +91,18 @@ class Linker:
                     if not self.has("Model", fallback):
                         self.error((kind, name), ("fallbacks", i),
                                    _missing("Model", fallback, self.names.get("Model", [])))
+
+    def _check_tool_names(self) -> None:
+        """Tool names are unique regardless of case (`Bash` and `bash` cannot both be defined)."""
+        folded: dict[str, list[str]] = {}
+        for name in self.names.get("Tool", []):
+            folded.setdefault(name.lower(), []).append(name)
+        for names in folded.values():
+            for name in names if len(names) > 1 else ():
+                others = " and ".join(repr(n) for n in sorted(names) if n != name)
+                self.error(("Tool", name), ("name",),
+                           f"Tool names are unique regardless of case: {name!r} and {others} differ "
+                           "only in case; rename one")
 
     def _expect(self, key: Key, path: tuple, kind: str, name: str) -> None:
         if not self.has(kind, name):
@@ -112,6 +129,8 @@ class Linker:
             if not self.has("MCPServer", server):
                 self.error(key, path, _missing("MCPServer", server, self.names.get("MCPServer", [])))
                 return
+            if ("MCPServer", server) not in self.specs:
+                return  # it failed validation: its filter is not known
             include = self.specs[("MCPServer", server)]["tools"]
             if (include["include"] is not None and tool not in include["include"]) or (
                 tool in include["exclude"]

@@ -8,6 +8,11 @@ context or tell the model the result was rejected. A refusal is a tool
 result the model can read, not a failed turn. Every known secret value is
 redacted from the tool's result, whatever kind of tool produced it, before
 hooks, the transcript, the stream or a model see it.
+
+Hooks know a tool by its `hook_name`, which is not always the name the model
+calls it by: an MCP server's tool is `mcp__SERVER__TOOL` to hooks and their
+matchers (as in Claude Code), `server__tool` to the model. Everything the
+model or a person reads names the tool as the model knows it.
 """
 
 from __future__ import annotations
@@ -27,8 +32,10 @@ RANK = {"allow": 0, "ask": 1, "deny": 2}
 
 class Guarded:
     def __init__(self, tool: ToolPort, permission: str, hooks: Hooks | None,
-                 broker: PermissionBroker | None, redactor: Redactor = NO_REDACTION):
+                 broker: PermissionBroker | None, redactor: Redactor = NO_REDACTION,
+                 hook_name: str | None = None):
         self.tool = tool
+        self.hook_name = hook_name or tool.spec.name
         self.redactor = redactor
         self.spec = tool.spec
         self.permission = permission
@@ -40,8 +47,8 @@ class Guarded:
         decision, reason, args = self.permission, None, dict(arguments)
         if self.hooks is not None:
             verdict = await self.hooks.run("pre_tool_use", {
-                "tool_name": name, "tool_input": args, "tool_use_id": ctx.call_id,
-            }, tool_name=name)
+                "tool_name": self.hook_name, "tool_input": args, "tool_use_id": ctx.call_id,
+            })
             if RANK[verdict.decision] > RANK[decision] or (verdict.decision == decision != "allow"):
                 decision, reason = verdict.decision, verdict.reason
             if verdict.updated_input is not None:
@@ -59,16 +66,15 @@ class Guarded:
         output = await self.tool.call(args, ctx)
         # before post_tool_use hooks see it: nothing downstream ever holds the raw value
         output = ToolOutput(self.redactor.text(output.content), is_error=output.is_error)
-        return await self._after(name, args, output, ctx)
+        return await self._after(args, output, ctx)
 
-    async def _after(self, name: str, args: dict[str, Any], output: ToolOutput,
-                     ctx: ToolContext) -> ToolOutput:
-        if self.hooks is None or not self.hooks.matching("post_tool_use", name):
+    async def _after(self, args: dict[str, Any], output: ToolOutput, ctx: ToolContext) -> ToolOutput:
+        if self.hooks is None or not self.hooks.matching("post_tool_use", self.hook_name):
             return output
         verdict = await self.hooks.run("post_tool_use", {
-            "tool_name": name, "tool_input": args, "tool_use_id": ctx.call_id,
+            "tool_name": self.hook_name, "tool_input": args, "tool_use_id": ctx.call_id,
             "tool_response": {"content": output.content, "is_error": output.is_error},
-        }, tool_name=name)
+        })
         content = output.content
         if verdict.decision == "deny" and verdict.reason:
             content += f"\n\n[post_tool_use hook: {verdict.reason}]"

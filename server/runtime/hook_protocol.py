@@ -5,10 +5,14 @@ status and body). Exit 0 allows; its stdout may be JSON with `decision`
 (`block`, or the legacy `approve`) and `reason`, `continue: false` with
 `stopReason`, and `hookSpecificOutput` {`permissionDecision` allow / deny /
 ask, `permissionDecisionReason`, `updatedInput`, `additionalContext`}. Plain
-text on stdout is context for `user_prompt_submit` and `session_start` and
-ignored otherwise. Exit 2 blocks with stderr as the reason. Anything the
-protocol cannot read raises `HookFailed`, which the caller turns into the
-hook's `on_error`.
+text on stdout, or text that is not valid JSON, is context for
+`user_prompt_submit` and `session_start` and ignored otherwise. Exit 2 blocks
+with stderr as the reason. As in Claude Code, only exit 2 or a JSON
+deny / block blocks: JSON the protocol cannot read (an unknown decision, a
+field of the wrong type) is a non-blocking error, like an exit status other
+than 0 and 2; the `Answer` then allows and carries a `warning` for the log.
+`HookFailed` is for the runner: a hook that could not start, timed out or
+answered a non-2xx HTTP status, which gets the hook's `on_error`.
 
 The verdicts of several hooks combine: deny beats ask beats allow, updated
 inputs and context are applied in declared order. This module runs nothing.
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 Decision = Literal["allow", "deny", "ask"]
@@ -39,14 +43,22 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Answer:
-    """One hook's verdict; `halt` when it answered `continue: false` (never go on after Stop)."""
+    """One hook's verdict; `halt` when it answered `continue: false` (never go on after Stop).
+
+    `warning`: a non-blocking error to log, without the hook's name (its answer could not be read,
+    so it allows)."""
 
     verdict: Verdict
     halt: bool = False
+    warning: str | None = None
 
 
 class HookFailed(Exception):
-    """A hook did not answer by the protocol; the message names the hook and holds no secret."""
+    """A hook could not be run to an answer; the message names the hook and holds no secret."""
+
+
+class _Unreadable(Exception):
+    """JSON output the protocol cannot read: a non-blocking error."""
 
 
 def read_output(name: str, event: str, text: str) -> Answer:
@@ -54,15 +66,19 @@ def read_output(name: str, event: str, text: str) -> Answer:
     text = text.strip()
     if not text:
         return Answer(Verdict())
+    plain = Answer(Verdict(context=(text,) if event in PLAIN_TEXT_CONTEXT else ()))
     if not text.startswith("{"):
-        return Answer(Verdict(context=(text,) if event in PLAIN_TEXT_CONTEXT else ()))
+        return plain
     try:
         data = json.loads(text)
     except ValueError:
-        raise HookFailed(f"hook {name} printed invalid JSON") from None
-    if not isinstance(data, dict):
-        raise HookFailed(f"hook {name} printed JSON that is not an object")
-    return _read_json(name, event, data)
+        return replace(plain, warning="printed invalid JSON, read as plain text")
+    try:
+        if not isinstance(data, dict):
+            raise _Unreadable("printed JSON that is not an object")
+        return _read_json(name, event, data)
+    except _Unreadable as exc:
+        return Answer(Verdict(), warning=f"{exc}: its answer is ignored")
 
 
 def blocked(name: str, event: str, stderr: str) -> Answer:
@@ -74,11 +90,11 @@ def blocked(name: str, event: str, stderr: str) -> Answer:
 def _read_json(name: str, event: str, data: Mapping[str, Any]) -> Answer:
     specific = data.get("hookSpecificOutput") or {}
     if not isinstance(specific, Mapping):
-        raise HookFailed(f"hook {name}: hookSpecificOutput is not an object")
+        raise _Unreadable("hookSpecificOutput is not an object")
     decision, reason = _decision(name, data, specific)
     updated = specific.get("updatedInput")
     if updated is not None and not isinstance(updated, Mapping):
-        raise HookFailed(f"hook {name}: updatedInput is not an object")
+        raise _Unreadable("updatedInput is not an object")
     extra = specific.get("additionalContext")
     context = (str(extra),) if extra else ()
     updated_input = dict(updated) if updated is not None else None
@@ -96,7 +112,7 @@ def _decision(name: str, data: Mapping[str, Any], specific: Mapping[str, Any]) -
     if specific.get("permissionDecision") is not None:
         value = specific["permissionDecision"]
         if value not in _RANK:
-            raise HookFailed(f"hook {name}: unknown permissionDecision {str(value)[:40]!r}")
+            raise _Unreadable(f"unknown permissionDecision {str(value)[:40]!r}")
         return value, _text(specific.get("permissionDecisionReason"))
     value = data.get("decision")
     if value is None:
@@ -105,7 +121,7 @@ def _decision(name: str, data: Mapping[str, Any], specific: Mapping[str, Any]) -
         return "deny", _text(data.get("reason"))
     if value == "approve":
         return "allow", _text(data.get("reason"))
-    raise HookFailed(f"hook {name}: unknown decision {str(value)[:40]!r}")
+    raise _Unreadable(f"unknown decision {str(value)[:40]!r}")
 
 
 def _text(value: Any) -> str | None:

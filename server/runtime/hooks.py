@@ -2,11 +2,18 @@
 
 `Hooks.run(event, payload)` sends one JSON object (Claude Code's hook input:
 the caller's `base` fields — session_id, cwd, corral {agent, digest, turn_id}
-— then `hook_event_name` in PascalCase, then the event's own fields) to every
-hook that matches, all at once, and combines their answers into one
-`Verdict` (see `hook_protocol`). A matcher applies to tool events only: empty
-matches every tool, anything else must match the whole tool name as a regex
-(which covers exact names and `a|b`).
+— then `transcript_path` and `permission_mode`, then `hook_event_name` in
+PascalCase, then the event's own fields) to every hook that matches, all at
+once, and combines their answers into one `Verdict` (see `hook_protocol`). A
+matcher applies to tool events only: empty matches every tool, anything else
+must match the whole tool name as a regex (which covers exact names and
+`a|b`). The tool name is the one hooks know (an MCP tool's is
+`mcp__SERVER__TOOL`); the guard passes it.
+
+`transcript_path` names a `Transcript`: the conversation so far as a JSONL
+file (one message a line, each as its `to_json()`), written under the state
+directory and brought up to date before every run that has a hook to run.
+It holds what the conversation's messages hold and nothing else.
 
 A command hook runs its argv without a shell (an element naming a file of the
 definition directory runs as its absolute path), in the definition directory,
@@ -14,20 +21,28 @@ with the JSON on stdin, the minimal environment of `confinement` and
 `CLAUDE_PROJECT_DIR` set to that directory; a time-out kills its whole
 process group. An HTTP hook POSTs the same JSON, with `${VAR}` in its headers
 resolved at call time. Whatever a hook answers (a reason, context, a
-rewritten input) has every secret value redacted before the turn uses it. A hook
-that times out, crashes, cannot start or answers what the protocol cannot read
-gets its `on_error`: allow, or deny with a reason that says what failed.
+rewritten input) has every secret value redacted before the turn uses it.
+As in Claude Code, a hook that exits with a status other than 0 and 2, or
+answers JSON the protocol cannot read, is a non-blocking error: a warning
+naming the hook and what it did is logged, and the call goes on. A hook that
+cannot start (its program is missing, its script changed and no copy was
+kept, a secret of its headers is unset), times out, cannot be reached or
+answers a non-2xx HTTP status gets its `on_error`: allow, or deny with a
+reason that says what failed.
 
 Not responsible for what a verdict does to the turn: the agent loop decides.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 import re
+import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -39,18 +54,70 @@ from ..compiler.definitions import HookDefinition
 from ..compiler.documents import HOOK_EVENTS
 from ..compiler.templates import MissingSecret, resolve_secrets
 from ..deployment.vault import NO_VAULT, FileChanged, FileVault
+from ..messages import Message
 from ..tools.confinement import NO_REDACTION, Redactor, child_environment
 from ..tools.processes import StartFailed, run_process
 from .hook_protocol import Answer, HookFailed, Verdict, blocked, combine, read_output
 
-__all__ = ["EVENT_NAMES", "Hooks", "Verdict"]
+__all__ = ["EVENT_NAMES", "Hooks", "Transcript", "Verdict"]
 
 log = logging.getLogger("corral.hooks")
 
 EVENT_NAMES = {event: pascal for pascal, event in HOOK_EVENTS.items()}  # pre_tool_use -> PreToolUse
 TOOL_EVENTS = frozenset({"pre_tool_use", "post_tool_use"})
-OUTPUT_LIMIT = 256 * 1024  # stdout or response body; a longer JSON answer fails to parse
+OUTPUT_LIMIT = 256 * 1024  # stdout or response body; a longer answer is cut, so read as plain text
 STDERR_TAIL = 4096  # an exit-2 reason is the end of stderr
+STDERR_LOGGED = 500  # of a non-blocking error's stderr, the end is logged
+PERMISSION_MODE = "default"  # Claude Code's field; Corral has no other mode
+_SAFE_FILE_NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
+
+
+class Transcript:
+    """The conversation so far as a JSONL file, one message a line (`to_json()`): `transcript_path`.
+
+    `messages` gives the history and what the turn added so far. The file is rewritten whole, in
+    one rename (a reader never sees half of it), when the count of messages changed since the
+    last write (within a turn they are only appended to), readable by its owner only.
+    """
+
+    def __init__(self, path: Path, messages: Callable[[], Sequence[Message]]):
+        self.path = path
+        self.messages = messages
+        self._written = -1
+
+    @classmethod
+    def of(cls, directory: Path, conversation_id: str,
+           messages: Callable[[], Sequence[Message]]) -> Transcript:
+        """The transcript of a conversation: `directory/<conversation_id>.jsonl`."""
+        name = conversation_id
+        if not _SAFE_FILE_NAME.fullmatch(name):  # an id is never a path, whatever a client sent
+            name = hashlib.sha256(conversation_id.encode()).hexdigest()
+        return cls(directory / f"{name}.jsonl", messages)
+
+    async def refresh(self) -> str | None:
+        """Bring the file up to date; its path, or None (logged) if it could not be written."""
+        messages = tuple(self.messages())
+        if len(messages) == self._written and self.path.exists():
+            return str(self.path)
+        try:
+            await anyio.to_thread.run_sync(self._write, messages)
+        except OSError as exc:
+            log.warning("could not write the transcript %s for hooks: %s", self.path, exc.strerror or exc)
+            return None
+        self._written = len(messages)
+        return str(self.path)
+
+    def _write(self, messages: Sequence[Message]) -> None:
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w",
+                           encoding="utf-8") as out:
+                for message in messages:
+                    out.write(json.dumps(message.to_json(), ensure_ascii=False) + "\n")
+            os.replace(tmp, self.path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 class Hooks:
@@ -66,8 +133,10 @@ class Hooks:
         base: Mapping[str, Any],
         files: FileVault = NO_VAULT,
         redactor: Redactor = NO_REDACTION,
+        transcript: Transcript | None = None,
     ):
         self.files = files
+        self.transcript = transcript
         self.redactor = redactor
         self.hooks = tuple(hooks)
         self.root = root
@@ -92,7 +161,10 @@ class Hooks:
         hooks = self.matching(event, tool_name)
         if not hooks:
             return Verdict()
-        message = {**self.base, "hook_event_name": EVENT_NAMES[event], **payload}
+        message = dict(self.base)
+        if self.transcript is not None and (path := await self.transcript.refresh()) is not None:
+            message["transcript_path"] = path
+        message |= {"permission_mode": PERMISSION_MODE, "hook_event_name": EVENT_NAMES[event], **payload}
         body = json.dumps(message, ensure_ascii=False, default=str).encode("utf-8")
         answers = [Answer(Verdict())] * len(hooks)
 
@@ -118,6 +190,9 @@ class Hooks:
             failure = f"hook {hook.name} failed"
         else:
             elapsed_ms = (time.monotonic() - started) * 1000
+            if answer.warning:  # a non-blocking error, as in Claude Code: logged, and the call goes on
+                log.warning("hook %s on %s: %s (a non-blocking error: the %s goes on; %.0f ms)", hook.name,
+                            event, self.redactor.text(answer.warning), _goes_on(event), elapsed_ms)
             log.debug("hook %s on %s: %s (%.0f ms)", hook.name, event, answer.verdict.decision, elapsed_ms)
             return self._redacted(answer)
         elapsed_ms = (time.monotonic() - started) * 1000
@@ -142,7 +217,8 @@ class Hooks:
         if finished.returncode == 2:
             return blocked(hook.name, event, finished.stderr.tail_text())
         if finished.returncode != 0:
-            raise HookFailed(f"hook {hook.name} failed ({finished.status})")
+            stderr = " ".join(finished.stderr.tail_text().split())[-STDERR_LOGGED:]
+            return Answer(Verdict(), warning=finished.status + (f", stderr: {stderr}" if stderr else ""))
         return read_output(hook.name, event, finished.stdout.text())
 
     def _redacted(self, answer: Answer) -> Answer:
@@ -194,6 +270,10 @@ def _applies(matcher: re.Pattern[str] | None, event: str, tool_name: str | None)
     if matcher is None or event not in TOOL_EVENTS:
         return True
     return tool_name is not None and matcher.fullmatch(tool_name) is not None
+
+
+def _goes_on(event: str) -> str:
+    return "call" if event in TOOL_EVENTS else "turn"
 
 
 def _event(event: str) -> str:

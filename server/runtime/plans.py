@@ -4,12 +4,20 @@ The runtime owns what turns share (the outbound HTTP client, the process
 environment for `${VAR}` secrets and the `Secrets` every tool result and hook
 answer is redacted of) and builds a `TurnPlan` for the one agent loop. It
 never decides busy/idle or persistence: that is `conversations`.
+
+Every tool is built behind the guard with the name hooks know it by (its
+own; an MCP tool's `mcp__SERVER__TOOL`). A turn's hooks get the
+conversation so far as `transcript_path`: the caller of `plan` passes what
+the turn added so far (`transcript`), and the file is kept in the folder
+`transcripts` (the service passes the state directory's `transcripts/`;
+without one, hooks get no `transcript_path`). A sub-agent's hooks get its
+parent conversation's transcript.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -38,12 +46,16 @@ from .guard import Guarded
 from .loop import Done, TurnPlan, run_turn
 
 if TYPE_CHECKING:
-    from .hooks import Hooks
+    from .hooks import Hooks, Transcript
     from .permissions import PermissionBroker
+
+History = Callable[[], Sequence[Message]]  # the conversation so far: its history, then the turn's own
 
 
 class MCPToolSource(Protocol):
-    """Where tools of MCPServer definitions come from (see `tools.mcp`)."""
+    """Where tools of MCPServer definitions come from (see `tools.mcp`).
+
+    A port may have `hook_name`, its name to hooks (`mcp__SERVER__TOOL`); else its spec's name."""
 
     async def tools(self, server: MCPServerDefinition, root: Path,
                     only: str | None = None) -> Sequence[ToolPort]: ...
@@ -53,7 +65,8 @@ class Runtime:
     def __init__(self, http: httpx.AsyncClient, environ: Mapping[str, str] | None = None,
                  mcp: MCPToolSource | None = None, permissions: PermissionBroker | None = None,
                  files: FileVault = NO_VAULT,
-                 metrics: Metrics | None = None, secrets: Secrets | None = None):
+                 metrics: Metrics | None = None, secrets: Secrets | None = None,
+                 transcripts: Path | None = None):
         self.http = http
         self.environ = os.environ if environ is None else environ
         self.secrets = Secrets(self.environ) if secrets is None else secrets
@@ -61,6 +74,7 @@ class Runtime:
         self.permissions = permissions
         self.files = files
         self.metrics = metrics
+        self.transcripts = transcripts  # None: hooks get no transcript_path
 
     # --- models --------------------------------------------------------------
 
@@ -93,7 +107,8 @@ class Runtime:
 
     # --- tools ---------------------------------------------------------------
 
-    async def tools(self, closure: Closure, hooks: Hooks | None = None) -> dict[str, ToolPort]:
+    async def tools(self, closure: Closure, hooks: Hooks | None = None,
+                    transcript: Transcript | None = None) -> dict[str, ToolPort]:
         """Every tool the agent may call, each behind the guard (hooks, then permission)."""
         agent = closure.agent
         tools: list[tuple[ToolPort, str]] = []
@@ -102,12 +117,13 @@ class Runtime:
         for name in agent.agents:
             sub = closure.get("Agent", name)
             assert isinstance(sub, AgentDefinition)
-            tools.append((SubAgentTool(sub, self._sub_runner(closure)), "allow"))
+            tools.append((SubAgentTool(sub, self._sub_runner(closure, transcript)), "allow"))
         skills = self._skills(closure)
         if skills:
             tools += [(ActivateSkill(skills), "allow"), (ReadSkillResource(skills), "allow")]
         redactor = self.secrets.redactor
-        return {tool.spec.name: Guarded(tool, permission, hooks, self.permissions, redactor)
+        return {tool.spec.name: Guarded(tool, permission, hooks, self.permissions, redactor,
+                                        hook_name=getattr(tool, "hook_name", None))
                 for tool, permission in tools}
 
     async def _tool_ref(self, closure: Closure, ref: str) -> list[tuple[ToolPort, str]]:
@@ -135,10 +151,10 @@ class Runtime:
         found = [closure.get("Skill", n) for n in closure.agent.skills]
         return [s for s in found if isinstance(s, SkillDefinition)]
 
-    def _sub_runner(self, closure: Closure):
+    def _sub_runner(self, closure: Closure, transcript: Transcript | None):
         async def run(name: str, message: str, ctx: ToolContext) -> str:
             sub = closure.sub_closure(name)
-            plan = await self.plan(sub, (), message, ctx)
+            plan = await self._plan(sub, (), message, ctx, transcript)
             async for event in run_turn(plan):
                 if isinstance(event, Done):
                     return event.output
@@ -146,7 +162,8 @@ class Runtime:
 
         return run
 
-    def hooks(self, closure: Closure, context: ToolContext) -> Hooks | None:
+    def hooks(self, closure: Closure, context: ToolContext,
+              transcript: Transcript | None = None) -> Hooks | None:
         found = [closure.get("Hook", name) for name in closure.agent.hooks]
         if not found:
             return None
@@ -155,12 +172,28 @@ class Runtime:
         base = {"session_id": context.conversation_id, "cwd": str(closure.root),
                 "corral": {"agent": context.agent, "digest": context.digest, "turn_id": context.turn_id}}
         return Hooks(found, root=closure.root, http=self.http, environ=self.environ, base=base,
-                     files=self.files, redactor=self.secrets.redactor)
+                     files=self.files, redactor=self.secrets.redactor, transcript=transcript)
+
+    def transcript(self, conversation_id: str, messages: History) -> Transcript | None:
+        """The file hooks read the conversation so far from (None when there is no state directory)."""
+        if self.transcripts is None:
+            return None
+        from .hooks import Transcript
+
+        return Transcript.of(self.transcripts, conversation_id, messages)
 
     # --- plans ---------------------------------------------------------------
 
     async def plan(self, closure: Closure, history: tuple[Message, ...], text: str,
-                   context: ToolContext) -> TurnPlan:
+                   context: ToolContext, transcript: History | None = None) -> TurnPlan:
+        """The plan of one turn; `transcript` gives the conversation so far while it runs (by default
+        `history` alone), for hooks' `transcript_path`."""
+        messages = transcript if transcript is not None else (lambda: history)
+        return await self._plan(closure, history, text, context,
+                                self.transcript(context.conversation_id, messages))
+
+    async def _plan(self, closure: Closure, history: tuple[Message, ...], text: str,
+                    context: ToolContext, transcript: Transcript | None) -> TurnPlan:
         agent = closure.agent
         # a pinned closure may reference secrets the current set no longer does
         self.secrets.learn(d.spec for d in closure.members.values())
@@ -168,11 +201,11 @@ class Runtime:
         skills = self._skills(closure)
         if skills:
             instructions += skills_prompt(skills)
-        hooks = self.hooks(closure, context)
+        hooks = self.hooks(closure, context, transcript)
         return TurnPlan(
             instructions=instructions,
             model=self.model(closure),
-            tools=await self.tools(closure, hooks),
+            tools=await self.tools(closure, hooks, transcript),
             hooks=hooks,
             history=history,
             input=text,

@@ -94,7 +94,10 @@ class TurnRunner:
                               digest=turn.digest, root=closure.root, environ=self.runtime.environ,
                               channel=_Channel(self, conversation.id, active), files=self.runtime.files)
         try:
-            plan = await self.runtime.plan(closure, tuple(repair_history(history)), turn.input, context)
+            past = tuple(repair_history(history))
+            # transcript: the conversation so far, as hooks' transcript_path shows it while the turn runs
+            plan = await self.runtime.plan(closure, past, turn.input, context,
+                                           transcript=lambda: (*past, *(active.messages or ())))
             async for event in run_turn(plan):
                 await self._handle(conversation.id, turn, active, event)
         except CorralError as exc:

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from ..compiler.templates import SECRET_REF
@@ -36,8 +38,20 @@ def child_environment(extra: Mapping[str, str] | None = None,
     """The environment of a command tool or hook: the minimal inherited set plus `extra`."""
     source = os.environ if environ is None else environ
     env = {name: source[name] for name in INHERITED if name in source}
+    env["PATH"] = program_path(source.get("PATH"))
     env.update(extra or {})
     return env
+
+
+def program_path(path: str | None) -> str:
+    """A child's PATH: when Corral runs in a virtualenv, its `bin` first, so that `python3` in a
+    definition is the interpreter Corral runs on, with its packages, whether or not the virtualenv
+    was activated (`make serve` does not activate it)."""
+    entries = [p for p in (path or os.defpath).split(os.pathsep) if p]
+    if sys.prefix != sys.base_prefix:
+        own = str(Path(sys.executable).parent)
+        entries = [own, *(p for p in entries if p != own)]
+    return os.pathsep.join(entries)
 
 
 class Redactor:

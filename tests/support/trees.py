@@ -21,10 +21,21 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import textwrap
 from pathlib import Path
 
 from server.compiler.compiler import Compiler
+
+# What a checkout's definitions/ may hold besides the definitions: the README has a newcomer run
+# `corral lock definitions`, and a test of its own lock must not find that one.
+LEFT_BY_THE_README = shutil.ignore_patterns("corral.lock", "__pycache__")
+
+
+def copy_definitions(source: Path, destination: Path) -> Path:
+    """A copy of a definition tree, as compiled (without a lock file or caches left in the source)."""
+    return Path(shutil.copytree(source, destination, ignore=LEFT_BY_THE_README))
+
 
 WAIT_PY = """import os, sys, time
 while not os.path.exists(sys.argv[1]):

@@ -17,7 +17,7 @@ def main() -> int:
     event = json.load(sys.stdin)
     context = (
         f"Current UTC time: {time.strftime('%Y-%m-%d %H:%M', time.gmtime())}. "
-        f"run_command works in the scratch folder {SCRATCH}; deleting files there is not allowed. "
+        f"Bash works in the scratch folder {SCRATCH}; deleting files there is not allowed. "
         f"The prompt is {len(event.get('prompt', ''))} characters long."
     )
     print(json.dumps({

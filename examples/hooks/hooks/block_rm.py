@@ -1,7 +1,7 @@
 """PreToolUse hook: refuse rm-like commands.
 
 Claude Code's hook protocol, so this script works unchanged under Claude Code
-(on its Bash tool) and under Corral (on the run_command tool): one JSON object
+and under Corral (on the Bash tool of this example): one JSON object
 on stdin; exit 0 allows; exit 2 blocks, and stderr is the reason given back
 to the model.
 """

@@ -24,6 +24,7 @@ def main() -> int:
         "tool_name": event.get("tool_name"),
         "tool_input": event.get("tool_input"),
         "tool_response": response[:500],
+        "transcript_path": event.get("transcript_path"),  # the conversation so far, JSONL
         "corral": event.get("corral"),  # {agent, digest, turn_id}; absent under Claude Code
     }
     with open(LOG, "a", encoding="utf-8") as log:

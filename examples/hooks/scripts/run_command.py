@@ -1,4 +1,4 @@
-"""The run_command tool: a few shell-like commands, in pure Python, in a scratch folder.
+"""The Bash tool of this example: a few shell-like commands, in pure Python, in a scratch folder.
 
 Usage: run_command.py "COMMAND ARGS..."   (one argv element: Corral never splits it)
 

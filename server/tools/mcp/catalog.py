@@ -2,7 +2,9 @@
 
 - A tool reaches the model as `{server}__{tool}`, cut to what every provider
   accepts (`^[A-Za-z0-9_-]{1,64}$`); a name that had to change gets a short
-  hash of the original, so two tools never end up with one name.
+  hash of the original, so two tools never end up with one name. Hooks and
+  their matchers know it as Claude Code does, `mcp__{server}__{tool}` with
+  the tool's original name (`hook_name`).
 - A server's catalog is the list of the tools its definition exposes (after
   `tools.include` / `tools.exclude`), each `{name, description,
   input_schema}`, sorted by name; `corral.lock` records its digest.
@@ -36,6 +38,11 @@ def tool_name(server: str, tool: str) -> str:
         return name
     suffix = hashlib.sha256(name.encode()).hexdigest()[:8]
     return _INVALID.sub("_", name)[: MAX_NAME - len(suffix) - 1] + "_" + suffix
+
+
+def hook_name(server: str, tool: str) -> str:
+    """The name hooks and their matchers know `tool` of `server` by, as in Claude Code."""
+    return f"mcp__{server}__{tool}"
 
 
 def entry(tool: types.Tool) -> dict[str, Any]:

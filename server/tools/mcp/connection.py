@@ -21,15 +21,17 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import anyio
 import httpx2
 import mcp.types as types
 from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INVALID_REQUEST, REQUEST_TIMEOUT
@@ -39,9 +41,11 @@ from ...compiler.definitions import MCPServerDefinition
 from ...compiler.templates import MissingSecret, resolve_secrets
 from ...deployment.vault import FileVault
 from ..base import ToolOutput
+from ..confinement import Redactor, program_path
 from .catalog import render_result
 
 log = logging.getLogger("corral.mcp")
+STDERR_LOG = "corral.mcp.stderr"  # what stdio servers write to stderr: a record a line, at INFO
 
 BACKOFF_MIN_S = 1.0
 BACKOFF_MAX_S = 30.0
@@ -188,7 +192,10 @@ class Connection:
                 await stack.enter_async_context(http)
                 target: Any = streamable_http_client(str(self.server.url), http_client=http)
             else:
-                target = self._stdio()
+                env = self.server.env.values()
+                secrets = Redactor(resolve_secrets(v, self.environ) for v in env if "${" in v)
+                errlog = stack.enter_context(_stderr_to_log(self.server.name, secrets))
+                target = stdio_client(self._stdio(), errlog=errlog)  # stderr to the log, not the terminal
             # The client's default covers the handshake; calls and listings carry the shorter `timeout_s`.
             client = Client(target, mode="legacy", read_timeout_seconds=self.start_timeout, client_info=info)
             yield await stack.enter_async_context(client)
@@ -201,6 +208,7 @@ class Connection:
             return str(self.files.resolve(self.root, item, files[item])) if item in files else item
 
         env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
+        env["PATH"] = program_path(os.environ.get("PATH"))  # `python3` is the one Corral runs on
         env.update({k: resolve_secrets(v, self.environ) for k, v in server.env.items()})
         return StdioServerParameters(command=resolve(str(server.command)),
                                      args=[resolve(a) for a in server.args],
@@ -270,3 +278,23 @@ async def _list_tools(client: Client) -> list[types.Tool]:
         if not cursor:
             break
     return tools
+
+
+@contextmanager
+def _stderr_to_log(name: str, secrets: Redactor) -> Iterator[TextIO]:
+    """A pipe for a stdio server's stderr, read by a thread that logs each line (to the log, never
+    to the terminal of `corral chat`), with the server's secret values redacted."""
+    read_fd, write_fd = os.pipe()
+    errlog = os.fdopen(write_fd, "w")
+    logger = logging.getLogger(STDERR_LOG)
+
+    def pump() -> None:
+        with open(read_fd, encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                logger.info("MCP server %s: %s", name, secrets.text(line.rstrip()))
+
+    threading.Thread(target=pump, name=f"mcp-stderr-{name}", daemon=True).start()
+    try:
+        yield errlog
+    finally:
+        errlog.close()  # the thread ends once the server (and what it started) closed theirs too

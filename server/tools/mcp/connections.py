@@ -15,6 +15,7 @@ through `on_drift`; in locked mode the server's tools then refuse every call.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -29,15 +30,17 @@ from ...compiler.definitions import DefinitionSet, MCPServerDefinition
 from ...deployment.vault import NO_VAULT, FileVault
 from ...messages import ToolSpec
 from ..base import ToolContext, ToolOutput, ToolPort
-from .catalog import catalog_digest_of, catalog_of, tool_name
+from .catalog import catalog_digest_of, catalog_of, hook_name, tool_name
 from .connection import Connection, ServerUnavailable
 
 DriftCallback = Callable[[str, str, str], None]  # (server name, expected digest, observed digest)
 DRIFT_REFUSAL = "MCP server {name}: catalog drifted from corral.lock ({expected} -> {observed})"
 
+log = logging.getLogger("corral.mcp")
+
 
 class MCPTool:
-    """One tool of an MCP server, as a `ToolPort`."""
+    """One tool of an MCP server, as a `ToolPort`; `hook_name` is its name to hooks (`mcp__server__tool`)."""
 
     def __init__(self, connection: Connection, tool: types.Tool):
         self.connection = connection
@@ -46,6 +49,7 @@ class MCPTool:
         description = tool.description or f"{tool.name} (MCP server {server.name})"
         schema = freeze(dict(tool.input_schema or {"type": "object"}))
         self.spec = ToolSpec(tool_name(server.name, tool.name), description, schema)
+        self.hook_name = hook_name(server.name, tool.name)
 
     async def call(self, arguments: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
         return await self.connection.call(self.tool, arguments)
@@ -63,6 +67,7 @@ class Unavailable:
         name = connection.server.name
         self.spec = ToolSpec(tool_name(name, tool or "unavailable"),
                              f"MCP server {name} is unavailable: {error}", freeze({"type": "object"}))
+        self.hook_name = hook_name(name, tool or "unavailable")
 
     async def call(self, arguments: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
         if self.tool is None or not self.retry:
@@ -81,6 +86,7 @@ class MCPConnections:
         self.expected = dict(expected or {})
         self.locked = locked
         self.on_drift = on_drift
+        self._unavailable: dict[str, str] = {}  # server digest -> the failure last logged
         self._connections: dict[tuple[str, Path], Connection] = {}  # by (digest, definition root)
         self._reported: dict[str, str] = {}  # digest of a definition -> last drifted catalog reported
         self._tg: TaskGroup | None = None
@@ -106,6 +112,7 @@ class MCPConnections:
         try:
             catalog = await connection.refresh()
         except ServerUnavailable as exc:
+            self._report_unavailable(server, str(exc))
             if connection.catalog is None or only:
                 return [Unavailable(connection, only, str(exc))]
             catalog = connection.catalog  # the last one seen: its calls retry and say why they fail
@@ -118,6 +125,12 @@ class MCPConnections:
             ports.append(Unavailable(connection, only, f"MCP server {server.name} offers no tool {only!r}",
                                      retry=False))
         return ports
+
+    def _report_unavailable(self, server: MCPServerDefinition, error: str) -> None:
+        """Say plainly, once per server and reason, that a server's tools are missing from a turn."""
+        if self._unavailable.get(server.digest) != error:
+            self._unavailable[server.digest] = error
+            log.warning("MCP server %s could not be used: %s (its tools are unavailable)", server.name, error)
 
     async def catalog(self, server: MCPServerDefinition, root: Path) -> list[dict[str, Any]]:
         """The server's exposed tools as `{name, description, input_schema}`, sorted; ServerUnavailable."""
