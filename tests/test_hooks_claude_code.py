@@ -2,8 +2,8 @@
 turns of a real Corral on loopback, around a command Tool named `Bash` and the tools of a real MCP
 server (tests/mcp_fixture_server.py over stdio, the MCPServer `fixture`).
 
-- `hooks/bash_command_validator.py` is the docs' "Bash command validation" example: exit 2 with
-  its reasons on stderr blocks; for any other tool it exits 1, a non-blocking error in Claude Code
+- `examples/hooks/hooks/bash_command_validator.py` is the docs' "Bash command validation"
+  example: exit 2 with its reasons on stderr blocks; for any other tool it exits 1, a non-blocking error in Claude Code
   (logged; the call goes on), whatever the hook's `on_error`.
 - `hooks/no_push.sh` is plain POSIX shell, no jq: it refuses `git push` with exit 2.
 - `hooks/record_transcript.py` writes down its input and what `transcript_path` held while it ran;
@@ -37,6 +37,8 @@ from tests.support.trees import write_tree
 pytestmark = pytest.mark.anyio
 PY = sys.executable
 SCRIPTS = Path(__file__).parent / "hooks"
+# The example ships the docs' validator; the tests run that very file.
+VALIDATOR = Path(__file__).resolve().parents[1] / "examples/hooks/hooks/bash_command_validator.py"
 FIXTURE = Path(__file__).parent / "mcp_fixture_server.py"
 RAN_PY = """import pathlib, sys
 with (pathlib.Path(sys.argv[1]) / "ran.log").open("a") as log:
@@ -54,6 +56,7 @@ def hook(name: str, matcher: str, command: list[str], **fields: Any) -> dict[str
 
 def definitions(root: Path, markers: Path) -> Path:
     shutil.copytree(SCRIPTS, root / "hooks", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(VALIDATOR, root / "hooks" / VALIDATOR.name)
     validator = [PY, "hooks/bash_command_validator.py"]
     recorder = [PY, "hooks/record_transcript.py", str(markers / "mcp.jsonl")]
     documents = [
