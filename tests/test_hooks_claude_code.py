@@ -3,8 +3,8 @@ turns of a real Corral on loopback, around a command Tool named `Bash` and the t
 server (tests/mcp_fixture_server.py over stdio, the MCPServer `fixture`).
 
 - `examples/hooks/hooks/bash_command_validator.py` is the docs' "Bash command validation"
-  example: exit 2 with its reasons on stderr blocks; for any other tool it exits 1, a non-blocking error in Claude Code
-  (logged; the call goes on), whatever the hook's `on_error`.
+  example: exit 2 with its reasons on stderr blocks; for any other tool it exits 1, a
+  non-blocking error in Claude Code (logged; the call goes on), whatever the hook's `on_error`.
 - `hooks/no_push.sh` is plain POSIX shell, no jq: it refuses `git push` with exit 2.
 - `hooks/record_transcript.py` writes down its input and what `transcript_path` held while it ran;
   its matcher `mcp__fixture__.*` is on the name hooks know an MCP tool by, while the model calls
