@@ -1,7 +1,8 @@
 """`corral chat`: a conversation with an agent, for a person at a terminal.
 
 The agent runs in this process (`Local`: the service's conversations and
-permission broker), or on a server (`Remote`, with `--url`: the HTTP API).
+permission broker), or on a server (`Remote`, with `--url`: the HTTP API);
+both are in `chat_backends`, the keyboard and the screen in `terminal`.
 Either way a turn is a stream of events that `Chat` shows and answers:
 
 - the answer text goes to stdout; everything else to stderr, one line each:
@@ -27,26 +28,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
-import re
-import shutil
 import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import anyio
 import httpx
 
-from .. import logs
-from ..errors import EXIT_CANCELLED, CorralError, RequestError
-from ..settings import Settings
+from ..errors import EXIT_CANCELLED, CorralError
+from .chat_backends import Local, Remote
+from .terminal import Keyboard, Terminal, one_line
 
 OnEvent = Callable[[str, dict[str, Any]], Awaitable[None]]
 SPIN_AFTER_S = 0.3  # a turn that answers at once shows no spinner
@@ -102,268 +98,9 @@ def _plain(exc: BaseException, url: str | None) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     if isinstance(exc, httpx.TransportError):
-        reason = _one_line(str(exc)) or type(exc).__name__
+        reason = one_line(str(exc)) or type(exc).__name__
         return CorralError(f"cannot reach {url}: {reason}", code="unreachable")
     return exc
-
-
-# --- where the agent runs ------------------------------------------------------------------------
-
-
-class Local:
-    """The agent in this process: the service's conversations and its permission broker."""
-
-    def __init__(self, settings: Settings):
-        self.settings = settings
-        self.service: Any = None
-        self.conversation_id = ""
-
-    @asynccontextmanager
-    async def open(self, agent: str) -> AsyncIterator[str]:
-        from ..service import open_service
-
-        log_file = _log_to_file(self.settings)
-        async with open_service(self.settings) as service:
-            self.service = service
-            conversation = await service.conversations.create(agent, WHO, {"source": "chat"})
-            self.conversation_id = conversation.id
-            yield (f"{conversation.agent_name} {conversation.digest[:19]}... conversation {conversation.id}; "
-                   f"log {log_file}")
-
-    async def turn(self, text: str, on_event: OnEvent) -> None:
-        conversations = self.service.conversations
-        turn = await conversations.send(self.conversation_id, text, if_busy="enqueue")
-        async for event in conversations.events(self.conversation_id, after=turn.started_seq - 1,
-                                                until_turn=turn.id):
-            if event is not None:
-                await on_event(event.name, event.data)
-
-    async def decide(self, request_id: str, allow: bool) -> str | None:
-        """Answer a permission request; a message when it could not be (decided already, expired)."""
-        try:
-            await self.service.permissions.decide(self.conversation_id, request_id, allow, WHO)
-        except RequestError as exc:
-            return exc.message
-        return None
-
-    async def interrupt(self) -> None:
-        await self.service.conversations.interrupt(self.conversation_id)
-
-
-def _log_to_file(settings: Settings) -> Path:
-    """Send the log (MCP servers' stderr included) to the state directory, not to the terminal."""
-    path = settings.state_dir / "chat.log"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    logs.configure(settings.log_level, settings.log_format)
-    handler = logging.getLogger().handlers[0]
-    assert isinstance(handler, logging.StreamHandler)
-    handler.setStream(path.open("a", encoding="utf-8"))
-    return path
-
-
-class Remote:
-    """The agent on a Corral server, through its HTTP API."""
-
-    def __init__(self, url: str, key: str | None):
-        self.url = url
-        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self.client: httpx.AsyncClient | None = None
-        self.path = ""
-
-    @asynccontextmanager
-    async def open(self, agent: str) -> AsyncIterator[str]:
-        async with httpx.AsyncClient(base_url=self.url, headers=self.headers,
-                                     timeout=REQUEST_TIMEOUT) as client:
-            self.client = client
-            body = {"agent": agent, "title": WHO, "metadata": {"source": "chat"}}
-            created = await self._call("/v1/conversations", body, expect=201)
-            self.path = f"/v1/conversations/{created['id']}"
-            yield f"{created.get('agent_name', agent)} {str(created.get('digest'))[:19]}... " \
-                  f"conversation {created['id']} on {self.url}"
-
-    async def _call(self, path: str, body: dict[str, Any] | None = None, expect: int = 200) -> Any:
-        assert self.client is not None
-        response = await self.client.post(path, json=body)
-        if response.status_code != expect:
-            raise refused(response, self.url)
-        return response.json()
-
-    async def turn(self, text: str, on_event: OnEvent) -> None:
-        assert self.client is not None
-        body = {"content": text, "stream": True, "if_busy": "enqueue"}
-        async with self.client.stream("POST", f"{self.path}/messages", json=body,
-                                      timeout=STREAM_TIMEOUT) as response:
-            if response.status_code != 200:
-                await response.aread()
-                raise refused(response, self.url)
-            async for name, data in _sse(response.aiter_lines()):
-                await on_event(name, data)
-
-    async def decide(self, request_id: str, allow: bool) -> str | None:
-        try:
-            await self._call(f"{self.path}/permissions/{request_id}",
-                             {"decision": "allow" if allow else "deny"})
-        except CorralError as exc:
-            if exc.code not in ("conflict", "not_found"):
-                raise
-            return exc.message
-        return None
-
-    async def interrupt(self) -> None:
-        await self._call(f"{self.path}/interrupt")
-
-
-async def _sse(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-    """Server-sent events as (name, data), data parsed as JSON."""
-    name, data = "message", []
-    async for line in lines:
-        if not line:
-            if data:
-                yield name, json.loads("\n".join(data))
-            name, data = "message", []
-        elif line.startswith("event:"):
-            name = line[6:].strip()
-        elif line.startswith("data:"):
-            data.append(line[6:] if line.startswith("data: ") else line[5:])
-
-
-def refused(response: httpx.Response, url: str) -> CorralError:
-    """A server's error answer as one line, with the code it carries (the exit status is that code's)."""
-    try:
-        error = response.json()["error"]
-        code, message = str(error["code"]), str(error["message"])
-    except (ValueError, KeyError, TypeError):  # not Corral's envelope: not a Corral server there
-        kind = response.headers.get("content-type", "no content type").split(";")[0]
-        code, message = "unreachable", f"not a Corral server? (answered {kind})"
-    return CorralError(f"{url}: {response.status_code} {response.reason_phrase}: {_one_line(message)}",
-                       code=code)
-
-
-# --- the terminal ----------------------------------------------------------------------------------
-
-
-class Keyboard:
-    """Lines typed at a file descriptor, read when the event loop says it is readable (cancellable)."""
-
-    def __init__(self, fd: int):
-        self.fd = fd
-        self.pending = b""
-        self.eof = False
-        self.pollable = True
-
-    async def line(self) -> str | None:
-        """The next line, without its end; None at EOF."""
-        while b"\n" not in self.pending and not self.eof:
-            await self._readable()
-            chunk = os.read(self.fd, 65536)
-            self.eof = not chunk
-            self.pending += chunk
-        if not self.pending:
-            return None
-        line, _, self.pending = self.pending.partition(b"\n")
-        return line.decode("utf-8", "replace").rstrip("\r")
-
-    async def _readable(self) -> None:
-        if self.pollable:
-            try:
-                await anyio.wait_readable(self.fd)
-            except OSError:  # a regular file or /dev/null: epoll refuses it, and it never blocks
-                self.pollable = False
-
-    def discard(self) -> None:
-        """Forget what was read ahead (a Ctrl-C flushes the terminal's input too)."""
-        self.pending = b""
-
-
-class Terminal:
-    """Answer text on `out`; status lines, questions and the spinner on `err`."""
-
-    def __init__(self, out: TextIO, err: TextIO):
-        self.out, self.err = out, err
-        self.tty = err.isatty()
-        self.width = shutil.get_terminal_size((100, 24)).columns if self.tty else 1000
-        self.mid_text = False  # the answer text stopped mid-line
-        self.open_question = False  # a question waits on its line
-        self.spinning = False  # a spinner frame is on screen
-        self.busy: str | None = None  # what the spinner says
-        self.since = 0.0
-        self.frame = 0
-
-    def text(self, text: str) -> None:
-        if text:
-            self._clear()
-            self.out.write(text)
-            self.out.flush()
-            self.mid_text = not text.endswith("\n")
-
-    def line(self, text: str, *, clip: bool = False) -> None:
-        """One line of its own on `err` (`clip`: cut to the terminal's width)."""
-        self._clear()
-        self.end_text()
-        if self.open_question:
-            self.err.write("\n")
-            self.open_question = False
-        limit = max(self.width - 1, 20)
-        if clip and len(text) > limit:
-            text = text[:limit - 3] + "..."
-        self.err.write(text + "\n")
-        self.err.flush()
-
-    def ask(self, question: str) -> None:
-        """A question on a line of its own, the cursor left after it for the answer."""
-        self._clear()
-        self.end_text()
-        if self.open_question:
-            self.err.write("\n")
-        self.err.write(question)
-        self.err.flush()
-        self.open_question = True
-
-    def answered(self, answer: str, echoed: bool) -> None:
-        """The question has its answer: a terminal echoed it (and its newline), else it is written."""
-        if not echoed:
-            self.err.write(answer + "\n")
-            self.err.flush()
-        self.open_question = False
-
-    def interrupted(self) -> None:
-        """A Ctrl-C: off with the `^C` the terminal echoed (and the spinner), unless a question is open."""
-        if self.tty and not self.open_question:
-            self.err.write("\r\x1b[K")
-            self.err.flush()
-            self.spinning = False
-
-    def prompt(self, text: str) -> None:
-        self._clear()
-        self.end_text()
-        self.out.write(text)
-        self.out.flush()
-
-    def end_text(self) -> None:
-        if self.mid_text:
-            self.out.write("\n")
-            self.out.flush()
-            self.mid_text = False
-
-    def doing(self, what: str | None) -> None:
-        """What the spinner says from now on (None: no spinner)."""
-        self._clear()
-        self.busy, self.since = what, time.monotonic()
-
-    def tick(self) -> None:
-        elapsed = time.monotonic() - self.since
-        if not self.tty or self.busy is None or self.mid_text or self.open_question or elapsed < SPIN_AFTER_S:
-            return
-        self.frame += 1
-        self.err.write(f"\r{FRAMES[self.frame % len(FRAMES)]} {self.busy} {elapsed:.1f}s\x1b[K")
-        self.err.flush()
-        self.spinning = True
-
-    def _clear(self) -> None:
-        if self.spinning:
-            self.err.write("\r\x1b[K")
-            self.err.flush()
-            self.spinning = False
 
 
 # --- the conversation ------------------------------------------------------------------------------
@@ -500,7 +237,7 @@ def _tool_started(term: Terminal, turn: Turn, data: dict[str, Any]) -> None:
 
 def _tool_finished(term: Terminal, turn: Turn, data: dict[str, Any]) -> None:
     mark = "! error from" if data.get("is_error") else "<"
-    term.line(f"{mark} {data.get('name')}: {_one_line(str(data.get('content', '')))}", clip=True)
+    term.line(f"{mark} {data.get('name')}: {one_line(str(data.get('content', '')))}", clip=True)
     term.doing("cancelling" if turn.cancelling else "thinking")
 
 
@@ -518,7 +255,7 @@ def _completed(term: Terminal, turn: Turn, data: dict[str, Any]) -> None:
 def _failed(term: Terminal, turn: Turn, data: dict[str, Any]) -> None:
     turn.ended = True
     error = data.get("error") or {}
-    term.line(f"[failed: {error.get('code')}: {_one_line(str(error.get('message', '')))}]")
+    term.line(f"[failed: {error.get('code')}: {one_line(str(error.get('message', '')))}]")
 
 
 def _cancelled(term: Terminal, turn: Turn, data: dict[str, Any]) -> None:
@@ -543,10 +280,6 @@ SHOW: dict[str, Callable[[Terminal, Turn, dict[str, Any]], None]] = {
 
 def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False) if value is not None else "{}"
-
-
-def _one_line(text: str) -> str:
-    return re.sub(r"\s+", " ", text).strip()
 
 
 def _deadline(expires_at: Any) -> float:
