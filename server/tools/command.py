@@ -26,12 +26,10 @@ from ..compiler.templates import SECRET_REF, MissingSecret, MissingValue, render
 from ..deployment.vault import FileChanged
 from ..messages import ToolSpec
 from .base import MAX_OUTPUT_BYTES, ToolContext, ToolOutput
-from .confinement import child_environment
+from .confinement import Redactor, child_environment
 from .processes import Finished, StartFailed, run_process
 
 STDERR_TAIL_BYTES = 4096
-REDACTED = "[redacted]"
-_MIN_SECRET_LEN = 4  # shorter values would redact ordinary text; no real secret is that short
 
 
 class CommandFailed(Exception):
@@ -55,11 +53,8 @@ def resolve_tracked(text: str, environ: Mapping[str, str], secrets: set[str]) ->
 
 
 def redact(text: str, secrets: set[str]) -> str:
-    """Replace every secret value in `text`, longest first (one may contain another)."""
-    for secret in sorted(secrets, key=len, reverse=True):
-        if len(secret) >= _MIN_SECRET_LEN:
-            text = text.replace(secret, REDACTED)
-    return text
+    """Replace every secret value resolved for this call in `text` (see `confinement.Redactor`)."""
+    return Redactor(secrets).text(text)
 
 
 class CommandTool:
