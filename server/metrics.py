@@ -82,8 +82,14 @@ class Metrics:
         self.swaps = Counter("corral_swaps_total", "Definition swaps, by status.", ("status",))
         self.busy = Gauge("corral_busy_conversations", "Conversations with a turn in progress.")
         self.streams = Gauge("corral_active_streams", "Open SSE streams.")
+        # replicas: what this one sees of the others (all of them share the store)
+        self.replicas = Gauge("corral_replicas", "Replicas with a heartbeat within a lease, as last seen.")
+        self.recovered = Counter("corral_turns_recovered_total",
+                                 "Turns of a replica whose lease lapsed, ended here as interrupted.")
+        self.notices = Counter("corral_notices_total", "Notices received from other replicas, by kind.",
+                               ("kind",))
         self.all = (self.turns, self.turn_duration, self.model_requests, self.tool_calls,
-                    self.swaps, self.busy, self.streams)
+                    self.swaps, self.busy, self.streams, self.replicas, self.recovered, self.notices)
 
     def render(self) -> str:
         return "\n".join(line for metric in self.all for line in metric.render()) + "\n"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ipaddress
+import os
+import socket
 from pathlib import Path
 from typing import Literal
 
@@ -32,6 +34,8 @@ class Settings(BaseSettings):
     max_concurrent_turns: int = Field(default=1000, gt=0)
     permission_timeout_s: float = Field(default=300.0, gt=0)
     storage_grace_s: float = Field(default=10.0, gt=0)  # a store failing writes this long is dead
+    lease_s: float = Field(default=10.0, gt=0)  # a replica silent this long loses its turns' leases
+    replica_id: str = ""  # empty: host name and pid
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -53,6 +57,16 @@ class Settings(BaseSettings):
     @property
     def database_path(self) -> Path:
         return self.state_dir / "corral.db"
+
+    @property
+    def replicated(self) -> bool:
+        """A shared store (PostgreSQL): other replicas may serve the same state."""
+        url = (self.database_url or "").lower()
+        return url.startswith(("postgresql://", "postgres://"))
+
+    @property
+    def replica(self) -> str:
+        return self.replica_id or f"{socket.gethostname()}-{os.getpid()}"
 
 
 def _items(text: str) -> tuple[str, ...]:

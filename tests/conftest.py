@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.postgres import postgres_server, postgres_url  # noqa: F401  (fixtures)
 from tests.support.servers import REPO_DEFINITIONS, corral_server
 
 

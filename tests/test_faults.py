@@ -278,7 +278,7 @@ async def test_a_turn_queued_before_shutdown_does_not_start(tmp_path: Path) -> N
                 with anyio.fail_after(10):
                     await wait_until(lambda: conversations.admission.running(cid) is not None, bound=10)
                     tg.start_soon(post, "queued", "second")
-                    await wait_until(lambda: len(conversations.admission.queue(cid)) >= 2, bound=10)
+                    await wait_until(lambda: conversations.admission.waiting_here(cid) >= 1, bound=10)
                 conversations.accepting = False
                 open_gate(gate)
             assert answers["held"].json()["status"] == "completed"

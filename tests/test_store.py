@@ -191,7 +191,7 @@ async def test_idempotency_keys_are_unique_per_conversation(store):
 
 
 @pytest.mark.anyio
-async def test_recover_interrupted_fails_unfinished_turns_only(store):
+async def test_recovery_at_start_fails_unfinished_turns_only(store):
     for cid, status in (("conv_1", "busy"), ("conv_2", "waiting"), ("conv_3", "idle")):
         await store.create_conversation(conversation(cid, status=status))
     await store.create_turn(turn("turn_run", "conv_1", status="running", started_at=1.0))
@@ -200,7 +200,7 @@ async def test_recover_interrupted_fails_unfinished_turns_only(store):
     await store.update_turn("turn_done", output="fine", ended_at=0.7)
     before = await store.get_turn("turn_done")
 
-    recovered = await store.recover_interrupted(now=50.0)
+    recovered = [r.turn for r in await store.recover_lapsed(now=50.0, starting=True)]
 
     assert [t.id for t in recovered] == ["turn_run", "turn_wait"]
     interrupted = {"code": "interrupted", "message": "the server stopped while this turn was running"}
@@ -210,7 +210,8 @@ async def test_recover_interrupted_fails_unfinished_turns_only(store):
     assert await store.get_turn("turn_done") == before
     for cid in ("conv_1", "conv_2", "conv_3"):
         assert (await store.get_conversation(cid)).status == "idle"
-    assert await store.recover_interrupted(now=60.0) == []
+    assert await store.recover_lapsed(now=60.0, starting=True) == []
+    assert [e.name for e in await store.list_events("conv_1")] == ["turn.failed"]
 
 
 # transcript and events
@@ -359,7 +360,7 @@ async def test_a_reopened_store_sees_everything(tmp_path):
         assert [r.message for r in await second.list_messages("conv_1")] == TRANSCRIPT
         assert await second.append_event("conv_1", "tick", {"n": 3}, now=3.0) == 4
         assert (await second.get_definition(DIGEST_A)).spec == {"x": 1}
-        assert [t.id for t in await second.recover_interrupted(now=4.0)] == ["turn_1"]
+        assert [r.turn.id for r in await second.recover_lapsed(now=4.0, starting=True)] == ["turn_1"]
     finally:
         await second.close()
 
@@ -430,14 +431,16 @@ async def test_pending_permissions_are_cancelled_at_start_up(tmp_path) -> None:
         await store.create_conversation(ConversationRecord(
             id="conv_p", agent="a", agent_name="a", digest=DIGEST_A, pinned=False,
             created_at=1.0, updated_at=1.0))
+        await store.create_turn(TurnRecord(id="turn_x", conversation_id="conv_p", agent="a", digest=DIGEST_A,
+                                           status="waiting", started_at=1.0))
         for rid in ("perm_1", "perm_2"):
             await store.create_permission(PermissionRecord(
                 id=rid, conversation_id="conv_p", turn_id="turn_x", tool_call_id="c", tool="t", arguments={},
                 reason=None, status="pending", requested_at=1.0, expires_at=2.0))
         await store.decide_permission("perm_1", "allowed", "anonymous", 1.5)
-        assert await store.cancel_pending_permissions(3.0) == 1
+        assert [r.turn.id for r in await store.recover_lapsed(3.0, starting=True)] == ["turn_x"]
         records = {r.id: r for r in await store.list_permissions("conv_p")}
         assert (records["perm_1"].status, records["perm_2"].status) == ("allowed", "cancelled")
-        assert records["perm_2"].decided_by == "restart"
+        assert records["perm_2"].decided_by == "recovery"
     finally:
         await store.close()

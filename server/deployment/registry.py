@@ -9,7 +9,8 @@ started with, so they never see a half-applied set.
 
 Every definition served is saved in the store, content-addressed, so a
 pinned digest can be rebuilt from its specs after the files have changed or
-the process restarted.
+the process restarted; so is every file a definition points to, so a
+replica that never compiled a digest still runs exactly its content.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ..compiler.definitions import (
     DefinitionSet,
 )
 from ..errors import AgentNotFound, DigestNotFound, RequestError
-from ..store.base import Store, StoredDefinition
+from ..store.base import Store, StoredDefinition, StoredFile
 from .vault import NO_VAULT, FileVault
 
 ALIAS = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
@@ -58,6 +59,7 @@ class Registry:
         self.store = store
         self.files = files
         self._served: dict[str, Closure] = {}
+        self._shared: set[str] = set()  # file digests this process has saved in the store
         self._remember(definitions)
 
     def _remember(self, definitions: DefinitionSet) -> None:
@@ -70,14 +72,29 @@ class Registry:
     async def persist(self, definitions: DefinitionSet) -> None:
         """Save every definition of `definitions` (known digests are skipped by the store)."""
         now = time.time()
+        shared: list[StoredFile] = []
         for d in definitions:
             files = getattr(d, "files", None)
             if files:
                 self.files.keep(getattr(d, "folder", None) or definitions.root, files)
+                shared += self._unshared(files)
+        # files first: a replica that finds a definition in the store finds its files there too
+        await self.store.save_files(shared)
+        self._shared.update(f.digest for f in shared)
         await self.store.save_definitions([
             StoredDefinition(kind=d.kind, name=d.name, digest=d.digest, spec=dict(d.spec), first_seen=now)
             for d in definitions
         ])
+
+    def _unshared(self, files: dict[str, str]) -> list[StoredFile]:
+        """The kept copies of `files` not yet saved in the store by this process."""
+        out = []
+        for rel, digest in files.items():
+            kept = self.files.kept(rel, digest)
+            if digest in self._shared or kept is None:
+                continue
+            out.append(StoredFile(digest=digest, data=kept.read_bytes(), mode=kept.stat().st_mode & 0o777))
+        return out
 
     async def swap(self, definitions: DefinitionSet) -> DefinitionSet:
         """Serve `definitions` from now on; returns the set it replaced."""
@@ -120,9 +137,20 @@ class Registry:
             if member is None:
                 return None
             members[(PATH_KINDS[ref.split("/", 1)[0]], member.name)] = _definition(member)
+        for member in members.values():
+            await self._fetch_files(member)
         closure = Closure(agent=agent, members=members, root=self.current.root)
         self._served[digest] = closure
         return closure
+
+    async def _fetch_files(self, definition: Definition) -> None:
+        """Keep here the files of a definition compiled elsewhere (or before a restart), from the store."""
+        for rel, digest in (getattr(definition, "files", None) or {}).items():
+            if self.files.directory is None or self.files.kept(rel, digest) is not None:
+                continue
+            stored = await self.store.get_file(digest)
+            if stored is not None:
+                self.files.put(rel, digest, stored.data, stored.mode)
 
 
 def _definition(stored: StoredDefinition) -> Definition:

@@ -52,6 +52,7 @@ class SwapReport:
     busy: tuple[BusyTurn, ...] = ()
     errors: tuple[Mapping[str, Any], ...] = ()
     attempted: str | None = None  # the set digest a locked server refused
+    replica: str | None = None  # which replica swapped (each replica swaps its own copy of the set)
 
     def touched_agents(self) -> set[str]:
         """Agents the swap changed or removed (whose running turns are busy)."""
@@ -66,6 +67,8 @@ class SwapReport:
         }
         if self.attempted is not None:
             body["attempted"] = self.attempted
+        if self.replica is not None:
+            body["replica"] = self.replica
         return body
 
     def summary(self) -> str:

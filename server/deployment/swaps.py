@@ -117,7 +117,8 @@ def changes_between(previous: DefinitionSet, current: DefinitionSet) -> tuple[Ch
 
 class Swapper:
     def __init__(self, compiler: Compiler, registry: Registry, running: RunningTurns,
-                 store: Store, publish: Publish, metrics: Metrics, *, locked: bool):
+                 store: Store, publish: Publish, metrics: Metrics, *, locked: bool,
+                 replica: str | None = None):
         self.compiler = compiler
         self.registry = registry
         self.running = running  # the turns in progress (the run stage knows them, not this one)
@@ -125,6 +126,7 @@ class Swapper:
         self.publish = publish
         self.metrics = metrics
         self.locked = locked
+        self.replica = replica
         self.listeners: list[Callable[[SwapReport], Awaitable[None]]] = []  # told of applied swaps
         self._one_at_a_time = anyio.Lock()
         self._compiling = threading.Lock()  # held by the compile thread, abandoned or not
@@ -134,7 +136,7 @@ class Swapper:
         async with self._one_at_a_time:
             previous = self.registry.current
             report = SwapReport(id=new_id("swap"), at=iso(time.time()), trigger=trigger, status="unchanged",
-                                previous=previous.digest, current=previous.digest)
+                                previous=previous.digest, current=previous.digest, replica=self.replica)
             try:
                 candidate = await run_abandonable(self._compile, changed)
             except DefinitionsInvalid as exc:

@@ -9,12 +9,15 @@ executors resolve a file through `FileVault.resolve` (or take its bytes from
 `FileVault.read`): the file on disk when it still has the expected digest,
 else the kept copy, else a clear error. Files are read with
 `sources.read_regular`, so a FIFO planted where a file was is never opened.
+
+The kept copies are this replica's; the registry also saves every file in
+the store by digest, and `put`s it here when a definition another replica
+compiled is resolved, so a pin runs the same content on every replica.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -43,15 +46,23 @@ class FileVault:
                 continue
             try:
                 data = read_regular(base / rel)
+                mode = os.stat(base / rel).st_mode & 0o777
             except OSError:
                 continue
             if digest_bytes(data) != digest:
                 continue  # edited since compile: the next compile will keep the new content
-            kept.parent.mkdir(parents=True, exist_ok=True)
-            tmp = kept.with_name(kept.name + ".tmp")
-            tmp.write_bytes(data)
-            shutil.copymode(base / rel, tmp)
-            os.replace(tmp, kept)
+            self.put(rel, digest, data, mode)
+
+    def put(self, rel: str, digest: str, data: bytes, mode: int) -> None:
+        """Keep `data` as the content of `rel` with this digest (checked: a bad copy is refused)."""
+        kept = self._kept(digest, rel)
+        if kept is None or kept.exists() or digest_bytes(data) != digest:
+            return
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        tmp = kept.with_name(kept.name + ".tmp")
+        tmp.write_bytes(data)
+        os.chmod(tmp, mode & 0o777)
+        os.replace(tmp, kept)
 
     def resolve(self, base: Path, rel: str, digest: str) -> Path:
         path = base / rel

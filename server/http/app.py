@@ -24,7 +24,8 @@ from .plumbing import corral_error_handler, http_error_handler, internal_error_h
 
 def create_app(settings: Settings) -> Starlette:
     agents_mcp = AgentsMCP()
-    mcp = mcp_route(agents_mcp)  # creates the session manager the lifespan runs
+    # creates the session manager the lifespan runs; stateless where replicas share the store
+    mcp = mcp_route(agents_mcp, stateless=settings.replicated)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -1,4 +1,4 @@
-"""Deployment routes: reload, swap history, the server-wide event stream, aliases."""
+"""Deployment routes: reload, swap history, the server-wide event stream, aliases, replicas."""
 
 from __future__ import annotations
 
@@ -26,7 +26,21 @@ def _service(request: Request):
 
 
 async def reload(request: Request) -> Response:
-    return JSONResponse((await _service(request).swapper.reload("api")).to_json())
+    """Reload here and on every other replica; the report is this replica's."""
+    return JSONResponse((await _service(request).replica.reload_everywhere("api")).to_json())
+
+
+async def list_replicas(request: Request) -> Response:
+    """Replicas heard from lately (ten lease periods); `alive` while their heartbeat is within a lease."""
+    service = _service(request)
+    lease_s, now = service.settings.lease_s, time.time()
+    replicas = await service.store.list_replicas(now - 10 * lease_s)
+    return JSONResponse({"items": [{
+        "id": r.id, "started_at": iso(r.started_at), "heartbeat_at": iso(r.heartbeat_at),
+        "set_digest": r.set_digest, "running_turns": r.running_turns,
+        "alive": r.heartbeat_at >= now - lease_s,
+        "self": r.id == service.replica.id,
+    } for r in replicas], "next_cursor": None})
 
 
 async def history(request: Request) -> Response:
@@ -79,6 +93,7 @@ async def delete_alias(request: Request) -> Response:
 routes = [
     Route("/v1/definitions/reload", reload, methods=["POST"]),
     Route("/v1/definitions/history", history, methods=["GET"]),
+    Route("/v1/replicas", list_replicas, methods=["GET"]),
     Route("/v1/events", server_events, methods=["GET"]),
     Route("/v1/agents/{name}/aliases", list_aliases, methods=["GET"]),
     Route("/v1/agents/{name}/aliases/{alias}", put_alias, methods=["PUT"]),

@@ -22,7 +22,9 @@ async def readyz(request: Request) -> Response:
                             status_code=service.failed.http_status)
     if service is None or not service.ready or not service.conversations.accepting:
         return JSONResponse({"status": "not ready"}, status_code=503)
-    return JSONResponse({"status": "ready", "digest": service.registry.current.digest})
+    digest = service.registry.current.digest
+    return JSONResponse({"status": "ready", "replica": service.replica.id, "set_digest": digest,
+                         "digest": digest})
 
 
 async def metrics(request: Request) -> Response:

@@ -73,6 +73,7 @@ DOCS: dict[Callable[..., Any] | type, Doc] = {
     agents.get_definition: Doc("One definition's normalized spec", ("invalid_request", "not_found")),
     agents.list_models: Doc("OpenAI-compatible model list (the agents)"),
     deployments.reload: Doc("Compile and swap now; the report", STORE),
+    deployments.list_replicas: Doc("The replicas serving this state (heartbeat, set digest, turns)", STORE),
     deployments.history: Doc("Past swaps, newest first", ("invalid_request", *STORE), query=PAGE),
     deployments.server_events: Doc("Server-wide events (swaps, conversation status)", media=SSE),
     deployments.list_aliases: Doc("List an agent's aliases", STORE),

@@ -15,39 +15,40 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
 
 from ..compiler.definitions import Closure
 from ..deployment.registry import Registry, split_ref
-from ..errors import ConversationBusy, ConversationNotFound, CorralError
+from ..errors import ConversationBusy, ConversationNotFound, CorralError, IdempotencyKeyReused
 from ..ids import new_id
 from ..messages import Message
 from ..metrics import Metrics
 from ..store.base import ConversationRecord, EventRecord, Store, TurnRecord
-from .admission import Admission, LocalAdmission, Superseded
+from .admission import Admission, KeyTaken, Superseded
 from .events import EventHub
 from .idempotency import IdempotencyKeys, request_digest
 from .plans import Runtime
 from .streams import EventStreams
-from .turn import ActiveTurn, TurnResult
+from .turn import ENDED_STATUSES, ActiveTurn, TurnResult
 from .turns import TurnRunner
 
 log = logging.getLogger("corral.conversations")
+T = TypeVar("T")
 
 
 class Conversations:
     def __init__(self, store: Store, registry: Registry, runtime: Runtime, hub: EventHub,
                  metrics: Metrics, *, idempotency_ttl_s: float = 86_400, max_turns: int = 1000,
-                 admission: Admission | None = None):
+                 lease_s: float = 10.0):
         self.store = store
         self.registry = registry
         self.runner = TurnRunner(store, runtime, hub, metrics)
-        self.admission = LocalAdmission(max_turns) if admission is None else admission
+        self.admission = Admission(store, lease_s=lease_s, max_turns=max_turns)
         self.keys = IdempotencyKeys(store, idempotency_ttl_s)
         self.streams = EventStreams(store, hub)
         self._tg: TaskGroup | None = None
@@ -102,10 +103,10 @@ class Conversations:
         return record
 
     async def delete(self, conversation_id: str) -> None:
-        running = self.admission.running(conversation_id)
-        if running is not None:
+        holder = await self.admission.holder(conversation_id)
+        if holder is not None:
             raise ConversationBusy("the conversation has a turn running; interrupt it first",
-                                   details={"turn_id": running.id})
+                                   details={"turn_id": holder.turn_id})
         if not await self.store.delete_conversation(conversation_id):
             raise ConversationNotFound(f"no conversation {conversation_id!r}")
 
@@ -139,9 +140,15 @@ class Conversations:
         closure = await self.registry.resolve(conversation.agent)
         turn_id = new_id("turn")
         try:
-            await self.admission.enter(conversation.id, turn_id, if_busy or closure.agent.on_busy)
+            await self.admission.enter(conversation.id, turn_id, if_busy or closure.agent.on_busy,
+                                       key=key, request=asked)
         except Superseded:
             return await self.runner.never_ran(self._turn(conversation, closure, text, key, turn_id, asked))
+        except KeyTaken as taken:  # another replica's request holds the key, or it just ended
+            if taken.request is not None and taken.request != asked:
+                raise IdempotencyKeyReused("this Idempotency-Key was used with a different request body",
+                                           details={"turn_id": taken.turn_id}) from None
+            return await self._elsewhere(conversation.id, taken.turn_id)
         try:
             if not self.accepting:  # shutdown began while this turn waited for its slot
                 raise CorralError("the server is shutting down", code="overloaded")
@@ -154,10 +161,12 @@ class Conversations:
             await self._tg.start(self._run_turn, conversation, closure, turn)
             return turn
         except Superseded:
-            self.admission.leave(conversation.id, turn_id)
+            with anyio.CancelScope(shield=True):
+                await self.admission.leave(conversation.id, turn_id)
             return await self.runner.never_ran(turn)
         except BaseException:
-            self.admission.leave(conversation.id, turn_id)
+            with anyio.CancelScope(shield=True):
+                await self.admission.leave(conversation.id, turn_id)
             raise
 
     def _turn(self, conversation: ConversationRecord, closure: Closure, text: str, key: str | None,
@@ -174,18 +183,78 @@ class Conversations:
                 await self.runner.finish(conversation, turn)
                 if turn.record.idempotency_key:
                     self.keys.forget(conversation.id, turn.record.idempotency_key)
-                self.admission.leave(conversation.id, turn.id)
+                recorded = turn.ending is not None and turn.ending.done > 0
+                await self.admission.leave(conversation.id, turn.id, released=recorded)
 
     async def interrupt(self, conversation_id: str) -> str | None:
-        """Cancel the running turn; returns its id, or None when idle."""
+        """Cancel the running turn, on whichever replica it runs; returns its id, or None when idle."""
         await self.get(conversation_id)
         turn = self.admission.running(conversation_id)
-        if turn is None:
+        if turn is not None:
+            turn.cancel()
+            with anyio.fail_after(10):
+                await turn.done.wait()
+            return turn.id
+        holder = await self.admission.holder(conversation_id)
+        if holder is None:
             return None
-        turn.cancel()
+        await self.admission.cancel(holder)
         with anyio.fail_after(10):
-            await turn.done.wait()
-        return turn.id
+            await self._ended(conversation_id, holder.turn_id)
+        return holder.turn_id
+
+    async def _ended(self, conversation_id: str, turn_id: str) -> TurnRecord | None:
+        """Wait until a turn running elsewhere has ended; None if it never ran (superseded, or lost)."""
+
+        async def ended() -> tuple[TurnRecord | None] | None:
+            record = await self.store.get_turn(turn_id)
+            if record is not None and record.status in ENDED_STATUSES:
+                return (record,)
+            if record is None and await self.admission.holder(conversation_id) is None:
+                return (None,)
+            return None
+
+        (record,) = await self._when(conversation_id, ended)
+        return record
+
+    async def _elsewhere(self, conversation_id: str, turn_id: str) -> ActiveTurn:
+        """A turn another request started (maybe on another replica): once it has started, as it runs."""
+
+        async def started() -> TurnRecord | None:
+            return await self.store.get_turn(turn_id)
+
+        with anyio.fail_after(60):
+            record = await self._when(conversation_id, started)
+        if record.status in ENDED_STATUSES:
+            return await self._stored(record)
+        turn = ActiveTurn(record=record, started_seq=await self.streams.started_seq(conversation_id, turn_id))
+        assert self._tg is not None
+        self._tg.start_soon(self._watch_elsewhere, turn)
+        return turn
+
+    async def _when(self, conversation_id: str, check: Callable[[], Awaitable[T | None]]) -> T:
+        """`check()` once it is not None: re-run on the conversation's news (its events, from any
+        replica), and every second in case a notice was lost."""
+        while True:
+            with self.streams.hub.subscribe(conversation_id) as live:
+                while True:
+                    found = await check()
+                    if found is not None:
+                        return found
+                    try:
+                        await live.next(1.0)
+                    except anyio.EndOfStream:  # dropped (lagging): subscribe again
+                        break
+            await anyio.sleep(0.05)
+
+    async def _watch_elsewhere(self, turn: ActiveTurn) -> None:
+        try:
+            ended = await self._ended(turn.record.conversation_id, turn.id)
+            if ended is not None:
+                turn.record = ended
+        finally:
+            turn.done.set()
+            turn.attention.set()
 
     async def result(self, turn: ActiveTurn) -> TurnResult:
         """The answer of a turn, once it has ended."""

@@ -2,8 +2,11 @@
 
 Events are persisted before they are published (see `turns`), so the hub may
 drop: a subscriber that cannot keep up has its stream closed, and its reader
-replays what it missed from the store. The server-wide stream
-(`GET /v1/events`: swaps, conversation status) is live only, with ids that
+replays what it missed from the store. An event another replica persisted
+arrives as a notice carrying only its id: `poke` tells this conversation's
+subscribers to read the store (`POKE`), so live readers on every replica see
+it without a polling interval. The server-wide stream (`GET /v1/events`:
+swaps and conversation status of every replica) is live only, with ids that
 increase within this process.
 """
 
@@ -22,6 +25,7 @@ from ..store.base import EventRecord
 
 BUFFER = 256
 HEARTBEAT_S = 15.0
+POKE = object()  # "the store has news for this conversation": a reader replays from its last seq
 
 
 class Subscription:
@@ -70,6 +74,15 @@ class EventHub:
     def publish(self, event: EventRecord) -> None:
         for sub in list(self._conversations.get(event.conversation_id, ())):
             sub.offer(event)
+
+    def poke(self, conversation_id: str) -> None:
+        for sub in list(self._conversations.get(conversation_id, ())):
+            sub.offer(POKE)
+
+    def poke_all(self) -> None:
+        """Notices may have been lost (a reconnected listener): every reader checks the store."""
+        for conversation_id in list(self._conversations):
+            self.poke(conversation_id)
 
     @contextmanager
     def subscribe_global(self) -> Iterator[Subscription]:

@@ -5,7 +5,9 @@ event goes out, the turn and its conversation show `waiting`, and the call
 resumes when `POST /v1/conversations/{id}/permissions/{request_id}` answers,
 or is denied when the request expires (or is recorded as cancelled when its
 turn ends first). Every request and decision is kept (who, when, what) as an
-audit trail.
+audit trail. The decision may reach any replica: the store records it, and
+when the waiting call runs elsewhere a "permission" notice tells that
+replica to read it (`on_notice`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import anyio
 from ..clock import iso
 from ..errors import PermissionNotFound, RequestError
 from ..ids import new_id
-from ..store.base import PermissionRecord, Store
+from ..store.base import Notice, PermissionRecord, Store
 from ..tools.base import ToolContext
 
 
@@ -82,6 +84,25 @@ class PermissionBroker:
         if waiter is not None:
             waiter.allowed = allow
             waiter.answered.set()
+        else:  # the call waits on another replica (or nowhere any more: then nobody listens)
+            await self.store.notify({"t": "permission", "id": request_id})
         updated = await self.store.get_permission(request_id)
         assert updated is not None
         return updated
+
+    async def on_notice(self, notice: Notice) -> None:
+        """Another replica recorded a decision: a call waiting here goes on."""
+        if notice.get("t") == "resync":
+            request_ids = list(self._waiting)
+        elif notice.get("t") == "permission":
+            request_ids = [str(notice.get("id"))]
+        else:
+            return
+        for request_id in request_ids:
+            waiter = self._waiting.get(request_id)
+            if waiter is None:
+                continue
+            record = await self.store.get_permission(request_id)
+            if record is not None and record.status in ("allowed", "denied"):
+                waiter.allowed = record.status == "allowed"
+                waiter.answered.set()

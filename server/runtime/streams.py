@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 import anyio
 
 from ..store.base import EventRecord, Store
-from .events import HEARTBEAT_S, EventHub
+from .events import HEARTBEAT_S, POKE, EventHub
 from .turn import TERMINAL_EVENTS
 
 PAGE = 500
@@ -79,6 +79,8 @@ async def _follow(live, last: int) -> AsyncIterator[EventRecord | None]:
             return
         if event is None:
             yield None
+        elif event is POKE:
+            return  # another replica wrote: the caller replays from the store
         elif event.seq > last + 1:
             return  # a gap: the caller replays it from the store
         elif event.seq == last + 1:

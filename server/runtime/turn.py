@@ -27,6 +27,7 @@ from ..messages import Message, Usage
 from ..store.base import TurnRecord
 
 TERMINAL_EVENTS = ("turn.completed", "turn.failed", "turn.cancelled")
+ENDED_STATUSES = ("completed", "failed", "cancelled")
 CANCELLED_ERROR = {"code": "cancelled", "message": "the turn was cancelled"}
 INTERRUPTED_ERROR = {"code": "interrupted", "message": "the server shut down during this turn"}
 

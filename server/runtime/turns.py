@@ -1,7 +1,12 @@
 """Running one turn: drive the loop, persist as it goes, publish what was persisted.
 
 Every event is written to the store first and published second, so a live
-reader and a replaying one see the same sequence. A turn ends in exactly one
+reader and a replaying one see the same sequence. Writes are batched, one
+transaction per model step or tool result (`Journal`): the start is one
+(turn, status, `turn.started`), text deltas wait at most `Journal.WINDOW`
+to go with the next write, a step's deltas commit with its message, a tool
+result with its `tool.finished`, and the end is one (turn, its last event,
+status, the conversation released). A turn ends in exactly one
 of `turn.completed`, `turn.failed` (with the error envelope) or
 `turn.cancelled`; `finish` writes that ending even when the turn was
 cancelled, under a shield. Nothing a turn raises escapes it: a storage
@@ -18,6 +23,9 @@ import time
 from collections import OrderedDict
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
+
+import anyio
+from anyio.abc import TaskGroup
 
 from ..compiler.definitions import Closure
 from ..errors import CorralError, StorageError
@@ -59,61 +67,85 @@ class TurnRunner:
         now = time.time()
         ending = ending_of(turn, active.final_outcome(), now)
         await self.store.create_turn(replace(turn, **ending.changes))
-        active.begin(await self.emit(turn.conversation_id, "turn.started", {
-            "turn_id": turn.id, "digest": turn.digest, "agent": turn.agent,
-        }))
-        await self.emit(turn.conversation_id, ending.event, ending.data)
+        events = [("turn.started", {"turn_id": turn.id, "digest": turn.digest, "agent": turn.agent}),
+                  (ending.event, ending.data)]
+        seqs = await self.store.append(turn.conversation_id, turn.id, [], events, now)
+        self.publish(turn.conversation_id, list(zip(seqs, events, strict=True)), now)
+        active.begin(seqs[0])
         active.end(ending)
         self.metrics.turns.inc(turn.agent, ending.changes["status"])
         return active
 
-    async def emit(self, conversation_id: str, name: str, data: dict[str, Any]) -> int:
-        now = time.time()
-        seq = await self.store.append_event(conversation_id, name, data, now)
-        self.hub.publish(EventRecord(seq=seq, conversation_id=conversation_id, name=name, data=data,
-                                     created_at=now))
-        return seq
+    def publish(self, conversation_id: str, events: list[tuple[int, tuple[str, dict[str, Any]]]],
+                now: float) -> None:
+        """Committed events, to this replica's live readers (the store tells the other replicas)."""
+        for seq, (name, data) in events:
+            self.hub.publish(EventRecord(seq=seq, conversation_id=conversation_id, name=name, data=data,
+                                         created_at=now))
+
+    def publish_status(self, conversation_id: str, status: str) -> None:
+        self.hub.publish_global("conversation.status",
+                                {"conversation_id": conversation_id, "status": status})
 
     async def set_status(self, conversation_id: str, status: str) -> None:
         await self.store.set_conversation_status(conversation_id, status, time.time())
-        self.hub.publish_global("conversation.status", {"conversation_id": conversation_id,
-                                                        "status": status})
+        self.publish_status(conversation_id, status)
 
     async def run(self, conversation: ConversationRecord, closure: Closure, active: ActiveTurn,
                   task_status: Any) -> None:
         turn = active.record
-        await self.store.create_turn(turn)
-        await self.set_status(conversation.id, "busy")
+        now = time.time()
+        started = ("turn.started", {"turn_id": turn.id, "digest": turn.digest, "agent": turn.agent})
+        seq = await self.store.begin_turn(turn, started, now)
+        self.publish_status(conversation.id, "busy")
+        self.publish(conversation.id, [(seq, started)], now)
         self.metrics.busy.inc(amount=1)
-        active.begin(await self.emit(conversation.id, "turn.started", {
-            "turn_id": turn.id, "digest": turn.digest, "agent": turn.agent,
-        }))
+        active.begin(seq)
         task_status.started()
+        # errors are settled inside the task group, which would wrap them in an exception group
+        async with anyio.create_task_group() as flushes:
+            journal = Journal(self, conversation.id, turn.id, flushes)
+            try:
+                await self._run(conversation, closure, active, journal)
+                await journal.flush()
+            except CorralError as exc:
+                active.settle(Failed(exc.envelope()["error"]))
+            except Exception:  # a bug must fail this turn, not the task group every turn runs in
+                log.exception("turn %s failed unexpectedly", turn.id)
+                active.settle(Failed({"code": "internal", "message": "internal error during the turn"}))
+            finally:
+                with anyio.CancelScope(shield=True):
+                    try:
+                        await journal.flush()  # deltas still waiting, also when cancelled
+                    except StorageError as exc:
+                        active.settle(Failed(exc.envelope()["error"]))
+                flushes.cancel_scope.cancel()
+
+    async def _run(self, conversation: ConversationRecord, closure: Closure, active: ActiveTurn,
+                   journal: Journal) -> None:
+        turn = active.record
         history = await self.transcripts.history(conversation.id)
         context = ToolContext(conversation_id=conversation.id, turn_id=turn.id, agent=turn.agent,
                               digest=turn.digest, root=closure.root, environ=self.runtime.environ,
-                              channel=_Channel(self, conversation.id, active), files=self.runtime.files)
-        try:
-            past = tuple(repair_history(history))
-            # transcript: the conversation so far, as hooks' transcript_path shows it while the turn runs
-            plan = await self.runtime.plan(closure, past, turn.input, context,
-                                           transcript=lambda: (*past, *(active.messages or ())))
-            async for event in run_turn(plan):
-                await self._handle(conversation.id, turn, active, event)
-        except CorralError as exc:
-            active.settle(Failed(exc.envelope()["error"]))
-        except Exception:  # a bug must fail this turn, not the task group every turn runs in
-            log.exception("turn %s failed unexpectedly", turn.id)
-            active.settle(Failed({"code": "internal", "message": "internal error during the turn"}))
+                              channel=_Channel(self, conversation.id, active, journal),
+                              files=self.runtime.files)
+        past = tuple(repair_history(history))
+        # transcript: the conversation so far, as hooks' transcript_path shows it while the turn runs
+        plan = await self.runtime.plan(closure, past, turn.input, context,
+                                       transcript=lambda: (*past, *(active.messages or ())))
+        async for event in run_turn(plan):
+            await self._handle(active, journal, event)
 
-    async def _handle(self, conversation_id: str, turn: TurnRecord, active: ActiveTurn, event: Any) -> None:
+    async def _handle(self, active: ActiveTurn, journal: Journal, event: Any) -> None:
         if isinstance(event, Emit):
-            await self.emit(conversation_id, event.name, event.data)
+            # a delta waits for company; a tool's result goes with the message that follows it
+            later = event.name in ("message.delta", "tool.finished")
+            await journal.event(event.name, event.data, later=later)
             if event.name == "tool.finished":
                 outcome = "error" if event.data["is_error"] else "ok"
                 self.metrics.tool_calls.inc(event.data["name"], outcome)
         elif isinstance(event, Append):
-            await self.store.append_messages(conversation_id, turn.id, [event.message], time.time())
+            await journal.message(event.message)
             active.append(event.message)
         elif isinstance(event, Done):
             active.settle(Completed(event.output, event.stop_reason, event.usage))
@@ -137,15 +169,13 @@ class TurnRunner:
             self.metrics.turn_duration.observe(now - turn.started_at, turn.agent)
 
     async def _record(self, ending: Ending) -> None:
-        """The ending's writes, in order; a retry after a failure goes on from the first not done."""
-        steps = (
-            lambda: self.store.update_turn(ending.turn_id, **ending.changes),
-            lambda: self.emit(ending.conversation_id, ending.event, ending.data),
-            lambda: self.set_status(ending.conversation_id, "idle"),
-        )
-        for step in steps[ending.done:]:
-            await step()
-            ending.done += 1
+        """The ending's writes, one transaction (the conversation is released with them)."""
+        now = time.time()
+        event = (ending.event, ending.data)
+        seq = await self.store.end_turn(ending.turn_id, ending.conversation_id, ending.changes, event, now)
+        ending.done = 1
+        self.publish(ending.conversation_id, [(seq, event)], now)
+        self.publish_status(ending.conversation_id, "idle")
 
     async def record_unrecorded(self) -> None:
         """The store is writable again: write the endings it could not take."""
@@ -157,17 +187,73 @@ class TurnRunner:
                 self.unrecorded.append(ending)
 
 
+class Journal:
+    """A turn's writes, batched into as few transactions as a live stream allows.
+
+    Text deltas wait, at most `WINDOW` seconds, to be committed with the next write: the step's
+    message, or the next deltas once the window has passed. Everything else commits at once, with
+    what waits. One lock orders the commits, so events keep the order they were made in.
+    """
+
+    WINDOW = 0.02
+
+    def __init__(self, runner: TurnRunner, conversation_id: str, turn_id: str, flushes: TaskGroup):
+        self.runner = runner
+        self.conversation_id = conversation_id
+        self.turn_id = turn_id
+        self.flushes = flushes
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.messages: list[Message] = []
+        self.failed: StorageError | None = None  # a timed flush that could not commit
+        self._timer = False
+        self._lock = anyio.Lock()
+
+    async def event(self, name: str, data: dict[str, Any], *, later: bool = False) -> None:
+        self.events.append((name, data))
+        if not later:
+            await self.flush()
+        elif not self._timer:
+            self._timer = True
+            self.flushes.start_soon(self._flush_later)
+
+    async def message(self, message: Message) -> None:
+        self.messages.append(message)
+        await self.flush()
+
+    async def _flush_later(self) -> None:
+        await anyio.sleep(self.WINDOW)
+        self._timer = False
+        try:
+            await self.flush()
+        except StorageError as exc:  # the turn's next write fails with it
+            self.failed = exc
+
+    async def flush(self) -> None:
+        async with self._lock:
+            if self.failed is not None:
+                failed, self.failed = self.failed, None
+                raise failed
+            if not self.events and not self.messages:
+                return
+            events, self.events = self.events, []
+            messages, self.messages = self.messages, []
+            now = time.time()
+            seqs = await self.runner.store.append(self.conversation_id, self.turn_id, messages, events, now)
+            self.runner.publish(self.conversation_id, list(zip(seqs, events, strict=True)), now)
+
+
 class _Channel:
     """A turn's way back from its tool calls: events, and the waiting status."""
 
-    def __init__(self, runner: TurnRunner, conversation_id: str, active: ActiveTurn):
+    def __init__(self, runner: TurnRunner, conversation_id: str, active: ActiveTurn, journal: Journal):
         self.runner = runner
         self.conversation_id = conversation_id
         self.active = active
         self.turn_id = active.id
+        self.journal = journal
 
     async def emit(self, name: str, data: dict[str, Any]) -> None:
-        await self.runner.emit(self.conversation_id, name, data)
+        await self.journal.event(name, data)
         if name == "permission.requested":
             self.active.ask(data)
 

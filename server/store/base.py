@@ -13,6 +13,17 @@ or for deciding what a turn does.
 
 Lists are keyset-paginated: `after` is the last id/seq the caller saw, and
 the caller asks for `limit + 1` rows to know whether there is a next page.
+
+Several replicas share one store (PostgreSQL), so the store also decides who
+runs a conversation's turn: `admit` puts a turn in the conversation's queue
+(or refuses it under `reject`), `claim` makes the head of the queue the
+conversation's holder under a lease with a fencing token, `release` lets the
+next one in, and `renew_leases` (each replica's heartbeat) keeps a live
+replica's leases; `recover_lapsed` ends the turns of a replica whose lease
+lapsed. `notify`/`subscribe` carry small JSON notices between replicas
+(PostgreSQL's LISTEN/NOTIFY); a store sends some itself, in the transaction
+that makes them true (see `Notice`). The embedded SQLite store has one
+process by design, so its notices go nowhere.
 """
 
 from __future__ import annotations
@@ -100,10 +111,76 @@ class PermissionRecord:
     decided_at: float | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class Holder:
+    """The turn that holds a conversation: the one running (or about to) on `replica`."""
+
+    turn_id: str
+    replica: str
+    fence: int  # increases with every claim of the conversation: a stale holder can be told apart
+    lease_until: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Admitted:
+    """What `admit` decided. At most one of `busy` and `joined` is set; with either, nothing was queued."""
+
+    busy: str | None = None  # reject: the turn holding the conversation (or first in its queue)
+    joined: str | None = None  # the turn the idempotency key already names (queued, running or ended)
+    joined_request: str | None = None  # ... and the request digest it was sent with
+    cancel: Holder | None = None  # interrupt: the holder to cancel (queued turns were superseded)
+    fence: int | None = None  # queued first and the conversation free: claimed at once (no `claim` needed)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Claim:
+    fence: int | None = None  # the conversation is ours with this fencing token; None: not yet
+    superseded: bool = False  # an `interrupt` cancelled this queued turn (its queue entry is gone)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recovered:
+    """A turn whose holder's lease lapsed, now failed/interrupted, and the seq of its `turn.failed`."""
+
+    turn: TurnRecord
+    seq: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaRecord:
+    id: str
+    started_at: float
+    heartbeat_at: float
+    set_digest: str
+    running_turns: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoredFile:
+    """A file a definition points to, by the digest of its content (the file vault's shared copy)."""
+
+    digest: str
+    data: bytes
+    mode: int  # permission bits (a script stays executable)
+
+
+# Notices (dicts with "t" and "r", the sending replica). Sent by the store itself, in the transaction
+# that makes them true: {"t": "event", "c": conversation, "s": seq, "n": name} (append_event, and the
+# `turn.failed` of recover_lapsed); {"t": "status", "c": conversation, "st": status}
+# (set_conversation_status, recover_lapsed); {"t": "queue", "c": conversation} (release, an `interrupt`
+# admit, recover_lapsed, expired queue entries); {"t": "swap", "id": swap_id} (record_swap). Sent by
+# callers through `notify`: whatever else replicas tell each other (cancel a turn, a permission
+# decided, reload). A listener that lost its connection delivers {"t": "resync"} once back: it may
+# have missed notices. `subscribe` handlers get only other replicas' notices, on the event loop.
+Notice = dict[str, Any]
+
+
 class Store(Protocol):
     """Every write either commits or raises `StorageError` (and tells `on_failure` first)."""
 
     on_failure: Callable[[BaseException], None]  # a write failed: the store may be unwritable
+    replica: str  # the replica this store speaks for: the "r" of its notices, the owner of its claims
+    embedded: bool  # one process by design (SQLite): every lease it finds at start-up has lapsed
 
     async def open(self) -> None: ...
     async def close(self) -> None: ...
@@ -126,8 +203,7 @@ class Store(Protocol):
     async def list_turns(self, conversation_id: str, *, limit: int = 50,
                          after: str | None = None) -> list[TurnRecord]: ...  # oldest first
     async def find_turn_by_key(self, conversation_id: str, key: str, since: float) -> TurnRecord | None: ...
-    async def recover_interrupted(self, now: float) -> list[TurnRecord]: ...
-    # ^ turns left running/waiting by a crash become failed/interrupted; their conversations idle
+    async def running_turns(self) -> list[TurnRecord]: ...  # running or waiting, on every replica
 
     # transcript and events
     async def append_messages(self, conversation_id: str, turn_id: str, messages: list[Message],
@@ -138,6 +214,17 @@ class Store(Protocol):
                            now: float) -> int: ...  # returns the event's seq (1, 2, ...)
     async def list_events(self, conversation_id: str, *, after: int = 0,
                           limit: int = 1000) -> list[EventRecord]: ...
+
+    # a turn's writes, batched: one transaction each (what a turn commits per model step or tool result)
+    async def begin_turn(self, turn: TurnRecord, event: tuple[str, dict[str, Any]], now: float) -> int: ...
+    # ^ create_turn + the conversation "busy" + the event (its `turn.started`); returns the event's seq
+    async def append(self, conversation_id: str, turn_id: str, messages: list[Message],
+                     events: list[tuple[str, dict[str, Any]]], now: float) -> list[int]: ...
+    # ^ messages to the transcript and events to the log, together; returns the events' seqs
+    async def end_turn(self, turn_id: str, conversation_id: str, changes: dict[str, Any],
+                       event: tuple[str, dict[str, Any]], now: float) -> int: ...
+    # ^ update_turn(changes) + the event (its ending) + the conversation "idle" + release(turn);
+    # returns the event's seq. Notices as their single-write forms send.
 
     # definitions ever served (content-addressed)
     # save_definitions ignores digests already stored
@@ -157,6 +244,42 @@ class Store(Protocol):
     async def create_permission(self, record: PermissionRecord) -> None: ...
     async def decide_permission(self, request_id: str, status: str, decided_by: str, now: float) -> bool: ...
     # ^ only a pending request changes; returns whether it did
-    async def cancel_pending_permissions(self, now: float) -> int: ...  # at start-up, after a crash
+
+    # who runs a conversation's turn, across replicas (see the module docstring)
+    async def admit(self, conversation_id: str, turn_id: str, policy: str, now: float, lease_until: float,
+                    *, key: str | None = None, request_digest: str | None = None) -> Admitted: ...
+    # ^ one transaction, serialized per conversation: `key` (an Idempotency-Key) already named by a
+    # queue entry or a turn of the conversation -> `joined`; `reject` with a holder or a queue ->
+    # `busy`; `interrupt` marks every queue entry superseded and returns the holder as `cancel`; then
+    # the turn joins the queue (position: arrival order across replicas), owned by this replica, the
+    # entry's lease `lease_until`; if it is then first and the conversation has no holder, it is
+    # claimed in the same transaction (`fence`), as `claim` would
+    async def claim(self, conversation_id: str, turn_id: str, now: float, lease_until: float) -> Claim: ...
+    # ^ superseded entry -> deleted, `superseded`; no holder and this entry first among those not
+    # superseded -> holder = this turn on this replica, fence + 1, lease `lease_until`; else `Claim()`
+    async def release(self, conversation_id: str, turn_id: str) -> None: ...
+    # ^ removes its queue entry, and the holder if it is this turn; a "queue" notice
+    async def holder(self, conversation_id: str) -> Holder | None: ...
+    async def renew_leases(self, lease_until: float) -> None: ...  # this replica's holders and entries
+    async def recover_lapsed(self, now: float, *, starting: bool = False) -> list[Recovered]: ...
+    # ^ conversations held by another replica whose lease ended before `now` (with `starting`, this
+    # replica's own holders too, left by its previous run; an embedded store starting treats every
+    # holder as lapsed, whatever its lease says; never this replica's while it runs): the holder's turn,
+    # if running/waiting, becomes failed with `interrupted` and gets its `turn.failed` event, its
+    # pending permissions are cancelled, the conversation goes idle, the holder is cleared; running or
+    # waiting turns of a conversation with no holder are treated alike; queue entries whose lease
+    # lapsed are deleted
+    async def notify(self, notice: Notice) -> None: ...  # to every other replica ("r" is added)
+    def subscribe(self, handler: Callable[[Notice], None]) -> None: ...
+
+    # replicas (GET /v1/replicas)
+    async def heartbeat(self, replica: ReplicaRecord) -> None: ...  # insert or update by id
+    async def list_replicas(self, since: float) -> list[ReplicaRecord]: ...  # heartbeat >= since, by id
+    async def remove_replica(self, replica_id: str) -> None: ...
+
+    # files definitions point to, content-addressed (what a pin on another replica runs)
+    async def save_files(self, files: list[StoredFile]) -> None: ...  # known digests are skipped
+    async def get_file(self, digest: str) -> StoredFile | None: ...
+    async def get_swap(self, swap_id: str) -> dict[str, Any] | None: ...  # the report, as recorded
     async def get_permission(self, request_id: str) -> PermissionRecord | None: ...
     async def list_permissions(self, conversation_id: str) -> list[PermissionRecord]: ...

@@ -110,6 +110,39 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE turns ADD COLUMN request_digest TEXT",
         "CREATE TABLE probes (id INTEGER PRIMARY KEY CHECK (id = 1), at REAL NOT NULL)",
     ),
+    # 5: who runs a conversation's turn (the holder, under a lease with a fencing token) and the
+    # queue of turns waiting for it; the replicas; the files definitions point to
+    (
+        "ALTER TABLE conversations ADD COLUMN holder_turn TEXT",
+        "ALTER TABLE conversations ADD COLUMN holder_replica TEXT",
+        "ALTER TABLE conversations ADD COLUMN lease_until REAL",
+        "ALTER TABLE conversations ADD COLUMN fence INTEGER NOT NULL DEFAULT 0",
+        "CREATE INDEX conversations_held ON conversations (holder_replica) WHERE holder_turn IS NOT NULL",
+        """CREATE TABLE admissions (
+            position INTEGER PRIMARY KEY AUTOINCREMENT,
+            conversation_id TEXT NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+            turn_id TEXT NOT NULL UNIQUE,
+            replica TEXT NOT NULL,
+            superseded INTEGER NOT NULL DEFAULT 0,
+            idempotency_key TEXT,
+            request_digest TEXT,
+            lease_until REAL NOT NULL,
+            UNIQUE (conversation_id, idempotency_key)
+        )""",
+        "CREATE INDEX admissions_by_conversation ON admissions (conversation_id, position)",
+        """CREATE TABLE replicas (
+            id TEXT PRIMARY KEY,
+            started_at REAL NOT NULL,
+            heartbeat_at REAL NOT NULL,
+            set_digest TEXT NOT NULL,
+            running_turns INTEGER NOT NULL
+        )""",
+        """CREATE TABLE files (
+            digest TEXT PRIMARY KEY,
+            data BLOB NOT NULL,
+            mode INTEGER NOT NULL
+        )""",
+    ),
 )
 
 

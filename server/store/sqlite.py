@@ -50,7 +50,9 @@ from .base import (
 )
 from .schema import migrate
 from .sqlite_audit import AuditTables
+from .sqlite_coordination import CoordinationTables, release_turn
 from .sqlite_deployments import DeploymentTables
+from .stats import StoreStats
 
 PRAGMAS = (
     "PRAGMA journal_mode = WAL",
@@ -58,7 +60,8 @@ PRAGMAS = (
     "PRAGMA foreign_keys = ON",
     "PRAGMA busy_timeout = 5000",
 )
-INTERRUPTED = {"code": "interrupted", "message": "the server stopped while this turn was running"}
+# coordination's columns, not the record's
+_HOLDER_COLUMNS = ("holder_turn", "holder_replica", "lease_until", "fence")
 # what update_turn may change; the JSON ones are encoded on the way in
 _TURN_COLUMNS = frozenset(
     {"status", "output", "stop_reason", "usage", "error", "ended_at", "idempotency_key"}
@@ -72,6 +75,8 @@ def _dumps(value: Any) -> str:
 
 def _conversation(row: sqlite3.Row) -> ConversationRecord:
     fields = dict(row)
+    for column in _HOLDER_COLUMNS:
+        fields.pop(column, None)
     fields["pinned"] = bool(fields["pinned"])
     fields["metadata"] = json.loads(fields["metadata"])
     return ConversationRecord(**fields)
@@ -91,13 +96,22 @@ def _definition(row: sqlite3.Row) -> StoredDefinition:
     return StoredDefinition(**fields)
 
 
-class SQLiteStore(DeploymentTables, AuditTables):
+class SQLiteStore(DeploymentTables, AuditTables, CoordinationTables):
     """`Store` on one SQLite file; the parent directory is created on open."""
 
-    def __init__(self, path: str | Path) -> None:
+    embedded = True
+
+    def __init__(self, path: str | Path, *, replica: str = "local") -> None:
         self.path = Path(path)
+        self.replica = replica
         self._connection: sqlite3.Connection | None = None
         self.on_failure: Callable[[BaseException], None] = lambda exc: None
+        self.stats = StoreStats()
+
+    def _count(self, statement: str) -> None:
+        self.stats.statements += 1
+        if statement.startswith("BEGIN"):
+            self.stats.transactions += 1
 
     async def open(self) -> None:
         if self._connection is not None:
@@ -109,6 +123,7 @@ class SQLiteStore(DeploymentTables, AuditTables):
             for pragma in PRAGMAS:
                 db.execute(pragma)
             migrate(db)
+            db.set_trace_callback(self._count)
         except BaseException:
             db.close()
             raise
@@ -205,45 +220,22 @@ class SQLiteStore(DeploymentTables, AuditTables):
 
     async def set_conversation_status(self, conversation_id: str, status: str, now: float) -> None:
         with self._write() as db:
-            db.execute(
-                "UPDATE conversations SET status = ?, updated_at = ? WHERE id = ?",
-                (status, now, conversation_id),
-            )
+            _set_status(db, conversation_id, status, now)
 
     # turns
 
     async def create_turn(self, turn: TurnRecord) -> None:
         """Insert a turn; raise `DuplicateIdempotencyKey` if its key is taken in the conversation."""
-        t = turn
         with self._write() as db:
-            if t.idempotency_key is not None and db.execute(
-                "SELECT 1 FROM turns WHERE conversation_id = ? AND idempotency_key = ?",
-                (t.conversation_id, t.idempotency_key),
-            ).fetchone():
-                raise DuplicateIdempotencyKey(t.idempotency_key)
-            db.execute(
-                "INSERT INTO turns (id, conversation_id, agent, digest, status, input, output, stop_reason,"
-                " usage, error, idempotency_key, request_digest, started_at, ended_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (t.id, t.conversation_id, t.agent, t.digest, t.status, t.input, t.output, t.stop_reason,
-                 _dumps(t.usage), None if t.error is None else _dumps(t.error), t.idempotency_key,
-                 t.request_digest, t.started_at, t.ended_at),
-            )
+            _insert_turn(db, turn)
 
     async def update_turn(self, turn_id: str, **changes: Any) -> None:
         """Set only the given columns, each one of `_TURN_COLUMNS`."""
-        unknown = changes.keys() - _TURN_COLUMNS
-        if unknown:
-            raise ValueError(f"update_turn cannot change {', '.join(sorted(unknown))}")
+        _check_turn_changes(changes)
         if not changes:
             return
-        values = [
-            _dumps(value) if column in _TURN_JSON and value is not None else value
-            for column, value in changes.items()
-        ]
-        assignments = ", ".join(f"{column} = ?" for column in changes)  # names come from the whitelist
         with self._write() as db:
-            db.execute(f"UPDATE turns SET {assignments} WHERE id = ?", (*values, turn_id))
+            _update_turn(db, turn_id, changes)
 
     async def get_turn(self, turn_id: str) -> TurnRecord | None:
         row = self._db.execute("SELECT * FROM turns WHERE id = ?", (turn_id,)).fetchone()
@@ -268,33 +260,12 @@ class SQLiteStore(DeploymentTables, AuditTables):
         ).fetchone()
         return None if row is None else _turn(row)
 
-    async def recover_interrupted(self, now: float) -> list[TurnRecord]:
-        """At start-up: unfinished turns become failed/interrupted and no conversation stays busy.
-
-        Every conversation not idle is set idle, not only those of the recovered
-        turns: nothing can be running before the server starts, and a crash
-        between marking a conversation busy and creating its turn would
-        otherwise leave it busy for ever.
-        """
-        with self._write() as db:
-            rows = db.execute(
-                "UPDATE turns SET status = 'failed', error = ?, ended_at = ?"
-                " WHERE status IN ('running', 'waiting') RETURNING *",
-                (_dumps(INTERRUPTED), now),
-            ).fetchall()
-            db.execute(
-                "UPDATE conversations SET status = 'idle', updated_at = ? WHERE status != 'idle'", (now,)
-            )
-        return sorted((_turn(row) for row in rows), key=lambda t: (t.started_at, t.id))
+    async def running_turns(self) -> list[TurnRecord]:
+        rows = self._db.execute("SELECT * FROM turns WHERE status IN ('running', 'waiting')"
+                                " ORDER BY started_at, id")
+        return [_turn(row) for row in rows]
 
     # transcript and events
-
-    @staticmethod
-    def _next_seq(db: sqlite3.Connection, table: str, conversation_id: str) -> int:
-        (last,) = db.execute(
-            f"SELECT COALESCE(MAX(seq), 0) FROM {table} WHERE conversation_id = ?", (conversation_id,)
-        ).fetchone()
-        return last + 1
 
     async def append_messages(self, conversation_id: str, turn_id: str, messages: list[Message],
                               now: float) -> None:
@@ -302,17 +273,7 @@ class SQLiteStore(DeploymentTables, AuditTables):
         if not messages:
             return
         with self._write() as db:
-            first = self._next_seq(db, "messages", conversation_id)
-            rows = [
-                (conversation_id, seq, turn_id, _dumps(m.to_json()), now)
-                for seq, m in enumerate(messages, start=first)
-            ]
-            db.executemany(
-                "INSERT INTO messages (conversation_id, seq, turn_id, body, created_at)"
-                " VALUES (?, ?, ?, ?, ?)",
-                rows,
-            )
-            db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, conversation_id))
+            _insert_messages(db, conversation_id, turn_id, messages, now)
 
     async def list_messages(self, conversation_id: str, *, limit: int = 1000,
                             after: int = 0) -> list[MessageRecord]:
@@ -329,12 +290,35 @@ class SQLiteStore(DeploymentTables, AuditTables):
 
     async def append_event(self, conversation_id: str, name: str, data: dict[str, Any], now: float) -> int:
         with self._write() as db:
-            seq = self._next_seq(db, "events", conversation_id)
-            db.execute(
-                "INSERT INTO events (conversation_id, seq, name, data, created_at) VALUES (?, ?, ?, ?, ?)",
-                (conversation_id, seq, name, _dumps(data), now),
-            )
-        return seq
+            return _insert_events(db, conversation_id, [(name, data)], now)[0]
+
+    # a turn's writes, batched
+
+    async def begin_turn(self, turn: TurnRecord, event: tuple[str, dict[str, Any]], now: float) -> int:
+        with self._write() as db:
+            _insert_turn(db, turn)
+            _set_status(db, turn.conversation_id, "busy", now)
+            return _insert_events(db, turn.conversation_id, [event], now)[0]
+
+    async def append(self, conversation_id: str, turn_id: str, messages: list[Message],
+                     events: list[tuple[str, dict[str, Any]]], now: float) -> list[int]:
+        if not messages and not events:
+            return []
+        with self._write() as db:
+            if messages:
+                _insert_messages(db, conversation_id, turn_id, messages, now)
+            return _insert_events(db, conversation_id, events, now) if events else []
+
+    async def end_turn(self, turn_id: str, conversation_id: str, changes: dict[str, Any],
+                       event: tuple[str, dict[str, Any]], now: float) -> int:
+        _check_turn_changes(changes)
+        with self._write() as db:
+            if changes:
+                _update_turn(db, turn_id, changes)
+            seq = _insert_events(db, conversation_id, [event], now)[0]
+            _set_status(db, conversation_id, "idle", now)
+            release_turn(db, conversation_id, turn_id)
+            return seq
 
     async def list_events(self, conversation_id: str, *, after: int = 0,
                           limit: int = 1000) -> list[EventRecord]:
@@ -370,3 +354,71 @@ class SQLiteStore(DeploymentTables, AuditTables):
             "SELECT * FROM definitions WHERE kind = ? AND name = ? ORDER BY first_seen, digest", (kind, name)
         )
         return [_definition(row) for row in rows]
+
+
+# Statements shared by the single writes and the batched ones (each inside the caller's transaction).
+
+def _check_turn_changes(changes: dict[str, Any]) -> None:
+    unknown = changes.keys() - _TURN_COLUMNS
+    if unknown:
+        raise ValueError(f"update_turn cannot change {', '.join(sorted(unknown))}")
+
+
+def _insert_turn(db: sqlite3.Connection, t: TurnRecord) -> None:
+    """Insert a turn; raise `DuplicateIdempotencyKey` if its key is taken in the conversation."""
+    if t.idempotency_key is not None and db.execute(
+        "SELECT 1 FROM turns WHERE conversation_id = ? AND idempotency_key = ?",
+        (t.conversation_id, t.idempotency_key),
+    ).fetchone():
+        raise DuplicateIdempotencyKey(t.idempotency_key)
+    db.execute(
+        "INSERT INTO turns (id, conversation_id, agent, digest, status, input, output, stop_reason,"
+        " usage, error, idempotency_key, request_digest, started_at, ended_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (t.id, t.conversation_id, t.agent, t.digest, t.status, t.input, t.output, t.stop_reason,
+         _dumps(t.usage), None if t.error is None else _dumps(t.error), t.idempotency_key,
+         t.request_digest, t.started_at, t.ended_at),
+    )
+
+
+def _update_turn(db: sqlite3.Connection, turn_id: str, changes: dict[str, Any]) -> None:
+    values = [_dumps(value) if column in _TURN_JSON and value is not None else value
+              for column, value in changes.items()]
+    assignments = ", ".join(f"{column} = ?" for column in changes)  # names come from the whitelist
+    db.execute(f"UPDATE turns SET {assignments} WHERE id = ?", (*values, turn_id))
+
+
+def _set_status(db: sqlite3.Connection, conversation_id: str, status: str, now: float) -> None:
+    db.execute("UPDATE conversations SET status = ?, updated_at = ? WHERE id = ?",
+               (status, now, conversation_id))
+
+
+def _next_seq(db: sqlite3.Connection, table: str, conversation_id: str) -> int:
+    (last,) = db.execute(
+        f"SELECT COALESCE(MAX(seq), 0) FROM {table} WHERE conversation_id = ?", (conversation_id,)
+    ).fetchone()
+    return last + 1
+
+
+def _insert_messages(db: sqlite3.Connection, conversation_id: str, turn_id: str, messages: list[Message],
+                     now: float) -> None:
+    """Append to the transcript and touch the conversation's `updated_at`."""
+    first = _next_seq(db, "messages", conversation_id)
+    db.executemany(
+        "INSERT INTO messages (conversation_id, seq, turn_id, body, created_at) VALUES (?, ?, ?, ?, ?)",
+        [(conversation_id, seq, turn_id, _dumps(m.to_json()), now)
+         for seq, m in enumerate(messages, start=first)],
+    )
+    db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, conversation_id))
+
+
+def _insert_events(db: sqlite3.Connection, conversation_id: str,
+                   events: list[tuple[str, dict[str, Any]]], now: float) -> list[int]:
+    first = _next_seq(db, "events", conversation_id)
+    seqs = list(range(first, first + len(events)))
+    db.executemany(
+        "INSERT INTO events (conversation_id, seq, name, data, created_at) VALUES (?, ?, ?, ?, ?)",
+        [(conversation_id, seq, name, _dumps(data), now)
+         for seq, (name, data) in zip(seqs, events, strict=True)],
+    )
+    return seqs

@@ -41,13 +41,6 @@ class AuditTables:
                 " WHERE id = ? AND status = 'pending'", (status, decided_by, now, request_id))
         return cursor.rowcount == 1
 
-    async def cancel_pending_permissions(self, now: float) -> int:
-        """At start-up: requests a crash left pending can no longer be answered."""
-        with self._write() as db:
-            cursor = db.execute("UPDATE permissions SET status = 'cancelled', decided_by = 'restart',"
-                                " decided_at = ? WHERE status = 'pending'", (now,))
-        return cursor.rowcount
-
     async def get_permission(self, request_id: str) -> PermissionRecord | None:
         row = self._db.execute("SELECT * FROM permissions WHERE id = ?", (request_id,)).fetchone()
         return None if row is None else _record(row)

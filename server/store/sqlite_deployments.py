@@ -34,6 +34,10 @@ class DeploymentTables:
                 "SELECT id, report FROM swaps WHERE id < ? ORDER BY id DESC LIMIT ?", (after, limit))
         return [{"id": row[0], **json.loads(row[1])} for row in rows]
 
+    async def get_swap(self, swap_id: str) -> dict[str, Any] | None:
+        row = self._db.execute("SELECT report FROM swaps WHERE id = ?", (swap_id,)).fetchone()
+        return None if row is None else json.loads(row[0])
+
     async def set_alias(self, agent: str, alias: str, digest: str, now: float) -> None:
         with self._write() as db:
             db.execute(

@@ -1,9 +1,11 @@
 """The composition root: one running Corral, whatever surface serves it.
 
-`open_service(settings)` compiles the definitions, opens the store (and marks
-turns a crash interrupted), the outbound HTTP client and the task group
-turns run in; it yields a `Service` and closes all of it on exit. The HTTP
-app, `corral chat` and `corral mcp` are thin surfaces over this object.
+`open_service(settings)` compiles the definitions, opens the store (SQLite,
+or PostgreSQL for several replicas; see `stores`), recovers the turns its
+previous run left, joins the replicas (`replicas.Replica`: heartbeat, leases,
+notices), and opens the outbound HTTP client and the task group turns run
+in; it yields a `Service` and closes all of it on exit. The HTTP app,
+`corral chat` and `corral mcp` are thin surfaces over this object.
 
 A store that cannot be written at all (`StoreHealth`) makes the service
 `failed`: health checks fail, new turns are refused, running ones get the
@@ -17,7 +19,6 @@ import logging
 import os
 import signal
 import threading
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -26,25 +27,27 @@ from pathlib import Path
 import anyio
 import httpx
 
-from .compiler.compiler import Compiler
-from .compiler.definitions import DefinitionSet
-from .compiler.lockfile import LockError, read_lock
-from .deployment.registry import Registry
-from .deployment.reports import SwapReport
-from .deployment.swaps import Swapper, check_locked
-from .deployment.vault import FileVault
-from .deployment.watcher import watch
-from .errors import CorralError
-from .metrics import Metrics
-from .runtime.conversations import Conversations
-from .runtime.events import EventHub
-from .runtime.permissions import PermissionBroker
-from .runtime.plans import Runtime
-from .settings import Settings
-from .store.base import Store
-from .store.health import StoreHealth
-from .tools.confinement import Secrets
-from .tools.mcp.connections import MCPConnections
+from ..compiler.compiler import Compiler
+from ..compiler.definitions import DefinitionSet
+from ..compiler.lockfile import LockError, read_lock
+from ..deployment.registry import Registry
+from ..deployment.reports import SwapReport
+from ..deployment.swaps import Swapper, check_locked
+from ..deployment.vault import FileVault
+from ..deployment.watcher import watch
+from ..errors import CorralError
+from ..metrics import Metrics
+from ..runtime.conversations import Conversations
+from ..runtime.events import EventHub
+from ..runtime.permissions import PermissionBroker
+from ..runtime.plans import Runtime
+from ..settings import Settings
+from ..store.base import Store
+from ..store.health import StoreHealth
+from ..tools.confinement import Secrets
+from ..tools.mcp.connections import MCPConnections
+from .replicas import Replica
+from .stores import open_store
 
 log = logging.getLogger("corral")
 
@@ -61,6 +64,7 @@ class Service:
     conversations: Conversations
     swapper: Swapper
     permissions: PermissionBroker
+    replica: Replica
     health: StoreHealth | None = None
     ready: bool = False
     stopping: anyio.Event = field(default_factory=anyio.Event)
@@ -78,17 +82,6 @@ class Service:
         self.stopping.set()
 
 
-def open_store(settings: Settings) -> Store:
-    if settings.database_url and not settings.database_url.startswith("sqlite"):
-        raise SystemExit("only sqlite:// database URLs are supported by this build")
-    from .store.sqlite import SQLiteStore
-
-    path = settings.database_path
-    if settings.database_url:
-        path = settings.database_url.split("://", 1)[1] or str(path)
-    return SQLiteStore(path)
-
-
 @asynccontextmanager
 async def open_service(settings: Settings) -> AsyncIterator[Service]:
     compiler = Compiler(settings.definitions)
@@ -96,11 +89,10 @@ async def open_service(settings: Settings) -> AsyncIterator[Service]:
     if settings.locked:
         check_locked(definitions)
     store = open_store(settings)
-    await store.open()
+    await store.open()  # a schema newer than this server knows refuses to start
     health = StoreHealth(store, settings.storage_grace_s)
     store.on_failure = health.suspect
     try:
-        await _recover(store)
         files = FileVault(settings.state_dir / "files")
         registry = Registry(definitions, store, files)
         await registry.persist(definitions)
@@ -108,16 +100,18 @@ async def open_service(settings: Settings) -> AsyncIterator[Service]:
         limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
         async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
             service, mcp = _assemble(settings, compiler, definitions, store, health, registry, files, client)
-            conversations, swapper = service.conversations, service.swapper
+            conversations, replica = service.conversations, service.replica
+            await replica.recover_at_start()
             async with anyio.create_task_group() as tg:
                 await tg.start(health.run)
+                await tg.start(replica.run)
                 tg.start_soon(_stop_when_the_store_dies, service)
                 await tg.start(mcp.run)
                 await tg.start(conversations.run)
                 if settings.watch:
-                    tg.start_soon(watch, compiler.root, swapper.reload)
+                    tg.start_soon(watch, compiler.root, service.swapper.reload)
                 if threading.current_thread() is threading.main_thread():
-                    await tg.start(_reload_on_sighup, swapper)
+                    await tg.start(_reload_on_sighup, replica)
                 tg.start_soon(_drain_on_stop, service)
                 service.ready = True
                 try:
@@ -127,6 +121,7 @@ async def open_service(settings: Settings) -> AsyncIterator[Service]:
                     with anyio.CancelScope(shield=True):
                         await conversations.drain(settings.shutdown_grace_s)
                     service.hub.close_all()
+                    await replica.leave()
                     tg.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):
@@ -147,14 +142,18 @@ def _assemble(settings: Settings, compiler: Compiler, definitions: DefinitionSet
                       transcripts=settings.state_dir / "transcripts")
     conversations = Conversations(store, registry, runtime, hub, metrics,
                                   idempotency_ttl_s=settings.idempotency_ttl_s,
-                                  max_turns=settings.max_concurrent_turns)
-    swapper = Swapper(compiler, registry, conversations.running_records, store, hub.publish_global,
-                      metrics, locked=settings.locked)
+                                  max_turns=settings.max_concurrent_turns, lease_s=settings.lease_s)
+    # a swap report's busy turns are every replica's: the store knows them all
+    swapper = Swapper(compiler, registry, store.running_turns, store, hub.publish_global, metrics,
+                      locked=settings.locked, replica=store.replica)
+    replica = Replica(store, lease_s=settings.lease_s, hub=hub, admission=conversations.admission,
+                      permissions=permissions, swapper=swapper, set_digest=lambda: registry.current.digest,
+                      metrics=metrics)
     swapper.listeners.append(_mcp_follows_swaps(mcp, registry))
     swapper.listeners.append(_secrets_follow_swaps(secrets, registry))
     health.on_recovered.append(conversations.runner.record_unrecorded)
     return Service(settings, compiler, registry, store, runtime, hub, metrics, conversations, swapper,
-                   permissions, health), mcp
+                   permissions, replica, health), mcp
 
 
 def _mcp_connections(root: Path, locked: bool, hub: EventHub, files: FileVault) -> MCPConnections:
@@ -198,22 +197,11 @@ def _secrets_follow_swaps(secrets: Secrets, registry: Registry):
     return on_swap
 
 
-async def _reload_on_sighup(swapper: Swapper, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+async def _reload_on_sighup(replica: Replica, task_status=anyio.TASK_STATUS_IGNORED) -> None:
     with anyio.open_signal_receiver(signal.SIGHUP) as signals:
         task_status.started()  # handled from here: a SIGHUP once the server is ready never kills it
         async for _ in signals:
-            await swapper.reload("sighup")
-
-
-async def _recover(store: Store) -> None:
-    """Turns a crash cut off become failed/interrupted, with the event a replay expects."""
-    now = time.time()
-    await store.cancel_pending_permissions(now)
-    for turn in await store.recover_interrupted(now):
-        log.warning("turn %s of conversation %s was interrupted by a restart", turn.id, turn.conversation_id)
-        error = turn.error or {"code": "interrupted", "message": "the server stopped during this turn"}
-        data = {"turn_id": turn.id, "error": error}
-        await store.append_event(turn.conversation_id, "turn.failed", data, now)
+            await replica.reload_everywhere("sighup")
 
 
 async def _stop_when_the_store_dies(service: Service) -> None:

@@ -1,0 +1,225 @@
+"""PostgreSQL tables of a turn's life: turns, the transcript, the event log, and the batched turn writes.
+
+A mixin of `PostgresStore`. Every write here is ONE statement (one round
+trip, its own transaction), notices included: the counters on the
+conversation's row number messages and events (`UPDATE ... RETURNING`, which
+also takes the row's lock, so concurrent appenders queue there), and the
+rows and their `pg_notify` follow in the same statement's CTEs.
+
+A statement that writes several tables keeps the store's lock order
+(conversation row first, see `postgres_coordination`): its other writes are
+made to depend on the counter's row (`EXISTS (SELECT FROM counter)`), so they
+run once that row is locked.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import asyncpg
+
+from ..errors import DuplicateIdempotencyKey
+from ..messages import Message, message_from_json
+from .base import EventRecord, MessageRecord, TurnRecord
+from .postgres_pool import PostgresBase, dumps, notice_sql
+from .postgres_rows import TURN_COLUMNS, TURN_JSON, TURN_UPDATES, turn_record
+
+
+def _event_notice(replica: str) -> str:
+    """The "event" notice of each row a `stored AS (INSERT INTO events ... RETURNING ...)` returns."""
+    return notice_sql("event", r=f"{replica}::text", c="conversation_id", s="seq", n="name")
+
+
+_BUSY = notice_sql("status", r="$18::text", c="$2::text", st="'busy'")
+
+# $1 conversation, $2 turn, $3 message bodies, $4 event names, $5 event data, $6 now, $7 replica
+_APPEND = (
+    "WITH counter AS (UPDATE conversations SET message_seq = message_seq + cardinality($3::text[]),"
+    " event_seq = event_seq + cardinality($4::text[]),"
+    " updated_at = CASE WHEN cardinality($3::text[]) > 0 THEN $6 ELSE updated_at END WHERE id = $1"
+    " RETURNING message_seq - cardinality($3::text[]) AS messages,"
+    " event_seq - cardinality($4::text[]) AS events),"
+    # a conversation that does not exist fails on the foreign key (numbers from 1), as in SQLite
+    " transcript AS (INSERT INTO messages (conversation_id, seq, turn_id, body, created_at)"
+    " SELECT $1, COALESCE((SELECT messages FROM counter), 0) + m.n, $2, m.body, $6"
+    " FROM unnest($3::text[]) WITH ORDINALITY AS m (body, n)),"
+    " stored AS (INSERT INTO events (conversation_id, seq, name, data, created_at)"
+    " SELECT $1, COALESCE((SELECT events FROM counter), 0) + e.n, e.name, e.data, $6"
+    " FROM unnest($4::text[], $5::text[]) WITH ORDINALITY AS e (name, data, n)"
+    " RETURNING conversation_id, seq, name)"
+    f" SELECT seq, {_event_notice('$7')} FROM stored ORDER BY seq"
+)
+
+# the turn ($1-$14), then $15 its event's name, $16 its data, $17 now, $18 replica
+_BEGIN_TURN = (
+    f"WITH created AS (INSERT INTO turns ({TURN_COLUMNS})"
+    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)),"
+    " counter AS (UPDATE conversations SET event_seq = event_seq + 1, status = 'busy', updated_at = $17"
+    " WHERE id = $2 RETURNING id, status, event_seq),"
+    " stored AS (INSERT INTO events (conversation_id, seq, name, data, created_at)"
+    " VALUES ($2, COALESCE((SELECT event_seq FROM counter), 0), $15, $16, $17)"
+    " RETURNING conversation_id, seq, name)"
+    f" SELECT seq, {_BUSY}, {_event_notice('$18')} FROM stored"
+)
+_IDLE = notice_sql("status", r="$6::text", c="$2::text", st="'idle'")
+_QUEUE = notice_sql("queue", r="$6::text", c="$2::text")
+
+
+def _end_turn_sql(columns: list[str]) -> str:
+    """$1 turn, $2 conversation, $3 event name, $4 data, $5 now, $6 replica, then the turn's changes."""
+    assignments = ", ".join(f"{column} = ${n}" for n, column in enumerate(columns, start=7))
+    changed = (f" changed AS (UPDATE turns SET {assignments} WHERE id = $1"
+               " AND EXISTS (SELECT FROM counter)),") if columns else ""
+    return (
+        "WITH counter AS (UPDATE conversations SET event_seq = event_seq + 1, status = 'idle',"
+        " updated_at = $5,"
+        " holder_turn = CASE WHEN holder_turn = $1 THEN NULL ELSE holder_turn END,"
+        " holder_replica = CASE WHEN holder_turn = $1 THEN NULL ELSE holder_replica END,"
+        " lease_until = CASE WHEN holder_turn = $1 THEN NULL ELSE lease_until END"
+        " WHERE id = $2 RETURNING event_seq),"
+        f"{changed}"
+        " dropped AS (DELETE FROM admissions WHERE turn_id = $1 AND EXISTS (SELECT FROM counter)),"
+        " stored AS (INSERT INTO events (conversation_id, seq, name, data, created_at)"
+        " VALUES ($2, COALESCE((SELECT event_seq FROM counter), 0), $3, $4, $5)"
+        " RETURNING conversation_id, seq, name)"
+        f" SELECT seq, {_event_notice('$6')}, {_IDLE}, {_QUEUE} FROM stored"
+    )
+
+
+def _turn_values(t: TurnRecord) -> tuple[Any, ...]:
+    return (t.id, t.conversation_id, t.agent, t.digest, t.status, t.input, t.output, t.stop_reason,
+            dumps(t.usage), None if t.error is None else dumps(t.error), t.idempotency_key,
+            t.request_digest, t.started_at, t.ended_at)
+
+
+def _changes(changes: dict[str, Any]) -> tuple[list[str], list[Any]]:
+    """The columns to set (each one of `TURN_UPDATES`) and their values, JSON encoded where it is."""
+    unknown = changes.keys() - TURN_UPDATES
+    if unknown:
+        raise ValueError(f"update_turn cannot change {', '.join(sorted(unknown))}")
+    values = [dumps(value) if column in TURN_JSON and value is not None else value
+              for column, value in changes.items()]
+    return list(changes), values
+
+
+def _duplicate(exc: asyncpg.UniqueViolationError, turn: TurnRecord) -> BaseException:
+    if exc.constraint_name == "turns_idempotency_key" and turn.idempotency_key is not None:
+        return DuplicateIdempotencyKey(turn.idempotency_key)
+    return exc
+
+
+class TurnTables(PostgresBase):
+    # turns
+
+    async def create_turn(self, turn: TurnRecord) -> None:
+        """Insert a turn; raise `DuplicateIdempotencyKey` if its key is taken in the conversation."""
+        try:
+            await self._write(f"INSERT INTO turns ({TURN_COLUMNS})"
+                              " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+                              *_turn_values(turn))
+        except asyncpg.UniqueViolationError as exc:
+            raise _duplicate(exc, turn) from None
+
+    async def update_turn(self, turn_id: str, **changes: Any) -> None:
+        columns, values = _changes(changes)
+        if not columns:
+            return
+        # names come from the whitelist
+        assignments = ", ".join(f"{column} = ${n}" for n, column in enumerate(columns, start=2))
+        await self._write(f"UPDATE turns SET {assignments} WHERE id = $1", turn_id, *values)
+
+    async def get_turn(self, turn_id: str) -> TurnRecord | None:
+        row = await self._read_row(f"SELECT {TURN_COLUMNS} FROM turns WHERE id = $1", turn_id)
+        return None if row is None else turn_record(row)
+
+    async def list_turns(self, conversation_id: str, *, limit: int = 50,
+                         after: str | None = None) -> list[TurnRecord]:
+        """Oldest first by (started_at, id); `after` is the last turn id of the previous page."""
+        sql = f"SELECT {TURN_COLUMNS} FROM turns WHERE conversation_id = $1"
+        params: list[Any] = [conversation_id]
+        if after is not None:
+            at = await self._read_row("SELECT started_at FROM turns WHERE id = $1", after)
+            params.append(after)
+            if at is None:  # deleted while the caller paged: our ids sort by creation time
+                sql += " AND id > $2"
+            else:
+                params.append(at[0])
+                sql += " AND (started_at, id) > ($3, $2)"
+        params.append(limit)
+        sql += f" ORDER BY started_at, id LIMIT ${len(params)}"
+        return [turn_record(row) for row in await self._read(sql, *params)]
+
+    async def find_turn_by_key(self, conversation_id: str, key: str, since: float) -> TurnRecord | None:
+        row = await self._read_row(
+            f"SELECT {TURN_COLUMNS} FROM turns WHERE conversation_id = $1 AND idempotency_key = $2"
+            " AND started_at >= $3", conversation_id, key, since)
+        return None if row is None else turn_record(row)
+
+    async def running_turns(self) -> list[TurnRecord]:
+        rows = await self._read(f"SELECT {TURN_COLUMNS} FROM turns WHERE status IN ('running', 'waiting')"
+                                " ORDER BY started_at, id")
+        return [turn_record(row) for row in rows]
+
+    # transcript and events
+
+    async def append_messages(self, conversation_id: str, turn_id: str, messages: list[Message],
+                              now: float) -> None:
+        """Append to the transcript and touch the conversation's `updated_at`."""
+        await self.append(conversation_id, turn_id, messages, [], now)
+
+    async def append_event(self, conversation_id: str, name: str, data: dict[str, Any], now: float) -> int:
+        (seq,) = await self.append(conversation_id, "", [], [(name, data)], now)
+        return seq
+
+    async def append(self, conversation_id: str, turn_id: str, messages: list[Message],
+                     events: list[tuple[str, dict[str, Any]]], now: float) -> list[int]:
+        """Messages and events together, numbered, with the events' notices: one statement."""
+        if not messages and not events:
+            return []
+        rows = await self._write(
+            _APPEND, conversation_id, turn_id, [dumps(m.to_json()) for m in messages],
+            [name for name, _ in events], [dumps(data) for _, data in events], now, self.replica)
+        return [row["seq"] for row in rows]
+
+    async def list_messages(self, conversation_id: str, *, limit: int = 1000,
+                            after: int = 0) -> list[MessageRecord]:
+        rows = await self._read(
+            "SELECT seq, turn_id, body, created_at FROM messages WHERE conversation_id = $1 AND seq > $2"
+            " ORDER BY seq LIMIT $3", conversation_id, after, limit)
+        return [
+            MessageRecord(seq=seq, conversation_id=conversation_id, turn_id=turn_id,
+                          message=message_from_json(json.loads(body)), created_at=created_at)
+            for seq, turn_id, body, created_at in rows
+        ]
+
+    async def list_events(self, conversation_id: str, *, after: int = 0,
+                          limit: int = 1000) -> list[EventRecord]:
+        rows = await self._read(
+            "SELECT seq, name, data, created_at FROM events WHERE conversation_id = $1 AND seq > $2"
+            " ORDER BY seq LIMIT $3", conversation_id, after, limit)
+        return [
+            EventRecord(seq=seq, conversation_id=conversation_id, name=name, data=json.loads(data),
+                        created_at=created_at)
+            for seq, name, data, created_at in rows
+        ]
+
+    # a turn's writes, batched
+
+    async def begin_turn(self, turn: TurnRecord, event: tuple[str, dict[str, Any]], now: float) -> int:
+        """The turn, its conversation busy, its first event, and their notices: one statement."""
+        name, data = event
+        try:
+            rows = await self._write(_BEGIN_TURN, *_turn_values(turn), name, dumps(data), now, self.replica)
+        except asyncpg.UniqueViolationError as exc:
+            raise _duplicate(exc, turn) from None
+        return rows[0]["seq"]
+
+    async def end_turn(self, turn_id: str, conversation_id: str, changes: dict[str, Any],
+                       event: tuple[str, dict[str, Any]], now: float) -> int:
+        """The turn's ending, its event, its conversation idle and released, their notices: one statement."""
+        columns, values = _changes(changes)
+        name, data = event
+        rows = await self._write(_end_turn_sql(columns), turn_id, conversation_id, name, dumps(data), now,
+                                 self.replica, *values)
+        return rows[0]["seq"]

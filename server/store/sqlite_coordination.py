@@ -1,0 +1,209 @@
+"""SQLite tables for coordination: who holds a conversation, its queue, replicas, shared files.
+
+A mixin of `SQLiteStore` (same connection, same transaction rules). The
+embedded store serves one process by design, so the queue and the holder
+are what keep that process's turns in order (arrival order, one at a time);
+leases only matter at start-up, where every holder a previous run left has
+lapsed. Notices go nowhere: there is no other replica to tell.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+from .base import Admitted, Claim, Holder, Notice, Recovered, ReplicaRecord, StoredFile, TurnRecord
+
+INTERRUPTED = {"code": "interrupted", "message": "the server stopped while this turn was running"}
+
+
+class CoordinationTables:
+    _db: sqlite3.Connection
+    replica: str
+    embedded: bool
+
+    def _write(self) -> AbstractContextManager[sqlite3.Connection]:  # provided by SQLiteStore
+        raise NotImplementedError
+
+    # --- who runs a conversation's turn ------------------------------------------
+
+    async def admit(self, conversation_id: str, turn_id: str, policy: str, now: float, lease_until: float,
+                    *, key: str | None = None, request_digest: str | None = None) -> Admitted:
+        with self._write() as db:
+            if key is not None:
+                row = db.execute(
+                    "SELECT turn_id, request_digest FROM admissions"
+                    " WHERE conversation_id = ? AND idempotency_key = ?"
+                    " UNION ALL SELECT id, request_digest FROM turns"
+                    " WHERE conversation_id = ? AND idempotency_key = ? LIMIT 1",
+                    (conversation_id, key, conversation_id, key)).fetchone()
+                if row is not None:
+                    return Admitted(joined=row[0], joined_request=row[1])
+            holder = _holder(db, conversation_id)
+            cancel = None
+            if policy == "reject":
+                busy = holder.turn_id if holder is not None else _first_queued(db, conversation_id)
+                if busy is not None:
+                    return Admitted(busy=busy)
+            elif policy == "interrupt":
+                db.execute("UPDATE admissions SET superseded = 1 WHERE conversation_id = ?",
+                           (conversation_id,))
+                cancel = holder
+            db.execute(
+                "INSERT INTO admissions (conversation_id, turn_id, replica, idempotency_key, request_digest,"
+                " lease_until) VALUES (?, ?, ?, ?, ?, ?)",
+                (conversation_id, turn_id, self.replica, key, request_digest, lease_until))
+            fence = None
+            if holder is None and _first_queued(db, conversation_id, fresh=True) == turn_id:
+                fence = _hold(db, conversation_id, turn_id, self.replica, lease_until)
+        return Admitted(cancel=cancel, fence=fence)
+
+    async def claim(self, conversation_id: str, turn_id: str, now: float, lease_until: float) -> Claim:
+        with self._write() as db:
+            row = db.execute("SELECT superseded FROM admissions WHERE turn_id = ?", (turn_id,)).fetchone()
+            if row is None or row[0]:
+                db.execute("DELETE FROM admissions WHERE turn_id = ?", (turn_id,))
+                return Claim(superseded=True)
+            if _holder(db, conversation_id) is not None:
+                return Claim()
+            if _first_queued(db, conversation_id, fresh=True) != turn_id:
+                return Claim()
+            fence = _hold(db, conversation_id, turn_id, self.replica, lease_until)
+        return Claim(fence=fence)
+
+    async def release(self, conversation_id: str, turn_id: str) -> None:
+        with self._write() as db:
+            release_turn(db, conversation_id, turn_id)
+
+    async def holder(self, conversation_id: str) -> Holder | None:
+        return _holder(self._db, conversation_id)
+
+    async def renew_leases(self, lease_until: float) -> None:
+        with self._write() as db:
+            db.execute("UPDATE conversations SET lease_until = ? WHERE holder_replica = ?"
+                       " AND holder_turn IS NOT NULL", (lease_until, self.replica))
+            db.execute("UPDATE admissions SET lease_until = ? WHERE replica = ?", (lease_until, self.replica))
+
+    async def recover_lapsed(self, now: float, *, starting: bool = False) -> list[Recovered]:
+        everything = starting and self.embedded
+        with self._write() as db:
+            held = dict(db.execute(
+                "SELECT id, holder_turn FROM conversations WHERE holder_turn IS NOT NULL AND (? OR"
+                " (holder_replica = ? AND ?) OR (holder_replica != ? AND lease_until < ?))",
+                (everything, self.replica, starting, self.replica, now)).fetchall())
+            lapsed = set(held)
+            # the cleared holders' queue entries go with them: one that outlived its lease would block
+            db.executemany("DELETE FROM admissions WHERE turn_id = ?", [(t,) for t in held.values()])
+            # a lapsed holder's turn, and any turn left running that holds nothing (a crash between
+            # the claim and the turn's row cannot leave one; an older schema's crash can)
+            rows = [dict(row) for row in db.execute(
+                "SELECT t.* FROM turns t JOIN conversations c ON c.id = t.conversation_id"
+                " WHERE t.status IN ('running', 'waiting')"
+                " AND (c.holder_turn IS NULL OR c.holder_turn != t.id)"
+                " UNION SELECT t.* FROM turns t JOIN conversations c ON c.holder_turn = t.id"
+                " WHERE t.status IN ('running', 'waiting') AND c.id IN"
+                f" ({','.join('?' * len(lapsed))})", tuple(lapsed))]
+            recovered: list[Recovered] = []
+            for fields in rows:
+                conversation_id = fields["conversation_id"]
+                db.execute("UPDATE turns SET status = 'failed', error = ?, ended_at = ? WHERE id = ?",
+                           (json.dumps(INTERRUPTED), now, fields["id"]))
+                db.execute("UPDATE permissions SET status = 'cancelled', decided_by = 'recovery',"
+                           " decided_at = ? WHERE turn_id = ? AND status = 'pending'", (now, fields["id"]))
+                (last,) = db.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE conversation_id = ?",
+                                     (conversation_id,)).fetchone()
+                db.execute("INSERT INTO events (conversation_id, seq, name, data, created_at)"
+                           " VALUES (?, ?, 'turn.failed', ?, ?)",
+                           (conversation_id, last + 1,
+                            json.dumps({"turn_id": fields["id"], "error": INTERRUPTED}), now))
+                fields.update(status="failed", error=INTERRUPTED, ended_at=now,
+                              usage=json.loads(fields["usage"]))
+                recovered.append(Recovered(turn=TurnRecord(**fields), seq=last + 1))
+            idle = lapsed | {r.turn.conversation_id for r in recovered}
+            db.executemany(
+                "UPDATE conversations SET holder_turn = NULL, holder_replica = NULL, lease_until = NULL,"
+                " status = 'idle', updated_at = ? WHERE id = ? AND (holder_turn IS NULL OR id IN"
+                f" ({','.join('?' * len(lapsed))}))",
+                [(now, conversation_id, *lapsed) for conversation_id in idle])
+            if everything:  # nothing runs before an embedded store's one process starts
+                db.execute("UPDATE conversations SET status = 'idle', updated_at = ? WHERE status != 'idle'",
+                           (now,))
+                db.execute("DELETE FROM admissions")
+            else:
+                db.execute("DELETE FROM admissions WHERE (lease_until < ? AND replica != ?)"
+                           " OR (replica = ? AND ?)", (now, self.replica, self.replica, starting))
+        return sorted(recovered, key=lambda r: (r.turn.started_at, r.turn.id))
+
+    async def notify(self, notice: Notice) -> None:
+        """Nowhere to send it: the embedded store has one process."""
+
+    def subscribe(self, handler: Callable[[Notice], None]) -> None:
+        """Nothing will arrive: the embedded store has one process."""
+
+    # --- replicas ------------------------------------------------------------------
+
+    async def heartbeat(self, replica: ReplicaRecord) -> None:
+        r = replica
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO replicas (id, started_at, heartbeat_at, set_digest, running_turns)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET started_at = excluded.started_at,"
+                " heartbeat_at = excluded.heartbeat_at, set_digest = excluded.set_digest,"
+                " running_turns = excluded.running_turns",
+                (r.id, r.started_at, r.heartbeat_at, r.set_digest, r.running_turns))
+
+    async def list_replicas(self, since: float) -> list[ReplicaRecord]:
+        rows = self._db.execute("SELECT * FROM replicas WHERE heartbeat_at >= ? ORDER BY id", (since,))
+        return [ReplicaRecord(**dict(row)) for row in rows]
+
+    async def remove_replica(self, replica_id: str) -> None:
+        with self._write() as db:
+            db.execute("DELETE FROM replicas WHERE id = ?", (replica_id,))
+
+    # --- files definitions point to ------------------------------------------------
+
+    async def save_files(self, files: list[StoredFile]) -> None:
+        if not files:
+            return
+        with self._write() as db:
+            db.executemany("INSERT OR IGNORE INTO files (digest, data, mode) VALUES (?, ?, ?)",
+                           [(f.digest, f.data, f.mode) for f in files])
+
+    async def get_file(self, digest: str) -> StoredFile | None:
+        row = self._db.execute("SELECT digest, data, mode FROM files WHERE digest = ?", (digest,)).fetchone()
+        return None if row is None else StoredFile(digest=row[0], data=bytes(row[1]), mode=row[2])
+
+
+def release_turn(db: sqlite3.Connection, conversation_id: str, turn_id: str) -> None:
+    db.execute("DELETE FROM admissions WHERE turn_id = ?", (turn_id,))
+    db.execute("UPDATE conversations SET holder_turn = NULL, holder_replica = NULL, lease_until = NULL"
+               " WHERE id = ? AND holder_turn = ?", (conversation_id, turn_id))
+
+
+def _holder(db: sqlite3.Connection, conversation_id: str) -> Holder | None:
+    row = db.execute("SELECT holder_turn, holder_replica, fence, lease_until FROM conversations"
+                     " WHERE id = ? AND holder_turn IS NOT NULL", (conversation_id,)).fetchone()
+    if row is None:
+        return None
+    return Holder(turn_id=row[0], replica=row[1], fence=row[2], lease_until=row[3])
+
+
+def _first_queued(db: sqlite3.Connection, conversation_id: str, *, fresh: bool = False) -> str | None:
+    """The first turn in the conversation's queue (`fresh`: among those not superseded)."""
+    row = db.execute("SELECT turn_id FROM admissions WHERE conversation_id = ?"
+                     f"{' AND superseded = 0' if fresh else ''} ORDER BY position LIMIT 1",
+                     (conversation_id,)).fetchone()
+    return None if row is None else row[0]
+
+
+def _hold(db: sqlite3.Connection, conversation_id: str, turn_id: str, replica: str,
+          lease_until: float) -> int:
+    """Make the turn the conversation's holder; returns the new fencing token."""
+    (fence,) = db.execute(
+        "UPDATE conversations SET holder_turn = ?, holder_replica = ?, lease_until = ?,"
+        " fence = fence + 1 WHERE id = ? RETURNING fence",
+        (turn_id, replica, lease_until, conversation_id)).fetchone()
+    return fence
+

@@ -1,0 +1,62 @@
+"""Records for store tests, and an inbox for the notices a store delivers.
+
+    await conversations(store, "c1", "c2")          # created in that order (c1 oldest)
+    await store.create_turn(turn("t1", key="k"))    # running, in c1
+    inbox = Inbox(); store.subscribe(inbox)
+    await inbox.wait_for(t="event", c="c1")         # bounded: fails after 10 s
+"""
+
+from __future__ import annotations
+
+import anyio
+
+from server.store.base import ConversationRecord, Notice, PermissionRecord, Store, TurnRecord
+
+DIGEST_A = "sha256:" + "a" * 64
+DIGEST_B = "sha256:" + "b" * 64
+
+
+def conversation(id: str, *, created_at: float = 1.0, agent_name: str = "helper", digest: str = DIGEST_A,
+                 status: str = "idle") -> ConversationRecord:
+    return ConversationRecord(id=id, agent=agent_name, agent_name=agent_name, digest=digest, pinned=False,
+                              status=status, created_at=created_at, updated_at=created_at)
+
+
+def turn(id: str, conversation_id: str = "c1", *, status: str = "running", started_at: float = 1.0,
+         key: str | None = None, request_digest: str | None = None) -> TurnRecord:
+    return TurnRecord(id=id, conversation_id=conversation_id, agent="helper", digest=DIGEST_A,
+                      status=status, input="hello", idempotency_key=key, request_digest=request_digest,
+                      started_at=started_at)
+
+
+def permission(id: str, turn_id: str, conversation_id: str = "c1") -> PermissionRecord:
+    return PermissionRecord(id=id, conversation_id=conversation_id, turn_id=turn_id, tool_call_id="call_1",
+                            tool="shell", arguments={"cmd": ["ls", "-l"]}, reason="because",
+                            status="pending", requested_at=1.0, expires_at=100.0)
+
+
+async def conversations(store: Store, *ids: str) -> None:
+    for n, cid in enumerate(ids):
+        await store.create_conversation(conversation(cid, created_at=float(n)))
+
+
+class Inbox:
+    """A `subscribe` handler that keeps every notice, and waits for one."""
+
+    def __init__(self) -> None:
+        self.notices: list[Notice] = []
+        self._arrived = anyio.Event()
+
+    def __call__(self, notice: Notice) -> None:
+        self.notices.append(notice)
+        self._arrived.set()
+
+    async def wait_for(self, **fields: object) -> Notice:
+        """The first notice (arrived or to come) with these fields."""
+        with anyio.fail_after(10):
+            while True:
+                for notice in self.notices:
+                    if all(notice.get(k) == v for k, v in fields.items()):
+                        return notice
+                self._arrived = anyio.Event()
+                await self._arrived.wait()
