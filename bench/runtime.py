@@ -208,18 +208,21 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def start_corral(definitions: Path, work: Path, profile_out: Path | None,
-                 watch: bool = False) -> tuple[Proc, str]:
+                 watch: bool = False, *, name: str = "corral",
+                 env: dict[str, str] | None = None) -> tuple[Proc, str]:
+    """`corral serve` on a free loopback port, its state under `work` (`env`: more CORRAL_* settings)."""
     port = _free_port()
     argv = ["serve", str(definitions), "--port", str(port), *([] if watch else ["--no-watch"])]
     if profile_out is None:
         command = [sys.executable, "-m", "server.cli", *argv]
     else:
         command = [sys.executable, "-m", "bench.runtime", "--profiled-server", str(profile_out), *argv]
-    log = work / "corral.log"
-    env = _env(CORRAL_STATE_DIR=str(work / "state"), CORRAL_LOG_LEVEL="warning", BENCH_KEY="sk-bench")
+    log = work / f"{name}.log"
+    environ = _env(**{"CORRAL_STATE_DIR": str(work / "state"), "CORRAL_LOG_LEVEL": "warning",
+                      "BENCH_KEY": "sk-bench", **(env or {})})
     with log.open("w") as sink:
-        popen = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
-    proc = Proc("corral", popen, log, profiled=profile_out is not None)
+        popen = subprocess.Popen(command, cwd=ROOT, env=environ, stdout=sink, stderr=subprocess.STDOUT)
+    proc = Proc(name, popen, log, profiled=profile_out is not None)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:

@@ -15,7 +15,8 @@
         ├── ModelError
         │   └── ProviderError        a failed model call, `retryable` or not
         ├── ToolError
-        └── StorageError             the store could not commit or read
+        ├── StorageError             the store could not commit or read
+        └── LeaseLost                another replica took the turn over: this one writes nothing more
 
 Some codes are raised on a family's class, not on a class of their own
 (`RunError(message, code="loop_detected")`): the code is what clients rely
@@ -232,6 +233,14 @@ class StorageError(RunError):
     """The store could not commit (or read) what a turn needed; the message names no path."""
 
     code = "storage_error"
+
+
+class LeaseLost(RunError):
+    """A write of a turn whose fencing token is no longer the conversation's: its lease lapsed (the
+    replica was paused or cut off) and another replica took the turn over. Nothing was written; the
+    turn stops here without an ending, since it goes on elsewhere."""
+
+    code = "interrupted"
 
 
 @dataclass(frozen=True, kw_only=True, order=True)

@@ -36,6 +36,7 @@ class Settings(BaseSettings):
     storage_grace_s: float = Field(default=10.0, gt=0)  # a store failing writes this long is dead
     lease_s: float = Field(default=10.0, gt=0)  # a replica silent this long loses its turns' leases
     replica_id: str = ""  # empty: host name and pid
+    max_attempts: int = Field(default=3, ge=1)  # a turn cut off this many times fails with `interrupted`
 
     @field_validator("log_level", mode="before")
     @classmethod

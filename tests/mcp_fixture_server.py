@@ -6,7 +6,10 @@
 or in-process: `serve(fixture_app(...))` from `tests.fakes.uvicorn_thread`.
 
 Tools: `add(a, b)`, `echo(text)`, `hang()` (never returns), `pid()` (the
-serving process id, so a test can kill it). The variant file holds `1` or
+serving process id, so a test can kill it), `execution_key()` (the
+`corral/execution_key` of the call's `_meta`, or "" without one; annotated
+read-only) and `put(key, value)` (keeps a value, answers the previous one;
+annotated idempotent, not read-only). The variant file holds `1` or
 `2` and is read at every `tools/list`; variant 2 gives `echo` another input
 schema, so a test changes the catalog a server reports without touching its
 definition (whose digest would change with it).
@@ -21,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from mcp.server.mcpserver import MCPServer
+import mcp.types as types
+from mcp.server.mcpserver import Context, MCPServer
 
 
 def read_variant(path: str | Path | None) -> int:
@@ -55,6 +59,10 @@ def pid() -> str:
     return str(os.getpid())
 
 
+def execution_key(ctx: Context) -> str:
+    return str((ctx.request_context.meta or {}).get("corral/execution_key", ""))
+
+
 class Fixture(MCPServer):
     def __init__(self, variant_file: str | Path | None = None):
         super().__init__("fixture", version="1.0")
@@ -63,7 +71,16 @@ class Fixture(MCPServer):
         self.add_tool(add, description="Add two numbers.")
         self.add_tool(hang, description="Never return.")
         self.add_tool(pid, description="The process id of this server.")
+        self.add_tool(execution_key, description="The execution key this call carried.",
+                      annotations=types.ToolAnnotations(read_only_hint=True))
+        self.values: dict[str, str] = {}
+        self.add_tool(self.put, description="Keep a value under a key; the previous value.",
+                      annotations=types.ToolAnnotations(read_only_hint=False, idempotent_hint=True))
         self._use(read_variant(variant_file))
+
+    def put(self, key: str, value: str) -> str:
+        previous, self.values[key] = self.values.get(key, ""), value
+        return previous
 
     def _use(self, variant: int) -> None:
         if variant == self.variant:

@@ -149,6 +149,19 @@ async def test_a_boolean_field_takes_only_true_or_false(client: httpx.AsyncClien
     await conversation.stream("b")  # answered 200, as an event stream
 
 
+async def test_a_nul_character_in_a_message_or_title_is_a_400(client: httpx.AsyncClient) -> None:
+    """No store keeps NUL in text (PostgreSQL refuses it): refused up front, on every store alike."""
+    conversation = await Conversation.create(client, "echo")
+    sent = await conversation.send("a\x00b")
+    assert "NUL" in error_of(sent, 400, "invalid_request")["message"]
+    chat = await client.post("/v1/chat/completions", json={
+        "model": "echo", "messages": [{"role": "user", "content": "a\x00b"}]})
+    error_of(chat, 400, "invalid_request")
+    titled = await client.post("/v1/conversations", json={"agent": "echo", "title": "a\x00b"})
+    error_of(titled, 400, "invalid_request")
+    assert await conversation.turns() == []
+
+
 # --- 4. long argv elements ----------------------------------------------------------------------
 
 SCRIPT = "print('a long argument ran')  # " + "x" * 300  # one "path component" of 330 bytes

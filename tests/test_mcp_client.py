@@ -25,7 +25,7 @@ import pytest
 from server.cli import main as corral_main
 from server.compiler.compiler import Compiler
 from server.compiler.definitions import MCPServerDefinition
-from server.tools.base import ToolOutput
+from server.tools.base import ToolContext, ToolOutput
 from server.tools.mcp.catalog import render_result, tool_name
 from server.tools.mcp.connections import MCPConnections
 from tests.fakes.uvicorn_thread import serve
@@ -239,7 +239,7 @@ async def test_an_edited_definition_gets_a_new_connection_and_the_old_one_closes
 
     async def pid(server: MCPServerDefinition, root: Path) -> int:
         tools = {t.spec.name: t for t in await connections.tools(server, root, only="pid")}
-        output = await tools["fixture__pid"].call({}, None)  # type: ignore[arg-type]
+        output = await tools["fixture__pid"].call({}, ToolContext("c", "t", "calc", "sha256:0", root))
         assert not output.is_error, output.content
         return int(output.content)
 
@@ -249,7 +249,7 @@ async def test_an_edited_definition_gets_a_new_connection_and_the_old_one_closes
             first = await pid(old, v1.root)
             assert await pid(old, v1.root) == first  # one connection per digest, kept
             (unavailable,) = await connections.tools(new, v2.root, only="pid")
-            output = await unavailable.call({}, None)  # type: ignore[arg-type]
+            output = await unavailable.call({}, ToolContext("c", "t", "calc", "sha256:0", v2.root))
             assert output.is_error and "could not be started" in output.content
             await wait_until(lambda: not alive(first), bound=30)  # the idle old connection is closed
             tg.cancel_scope.cancel()

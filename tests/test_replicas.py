@@ -561,12 +561,12 @@ async def test_a_killed_replica_leaves_no_conversation_busy(cluster: Cluster, tr
                     assert (await conversation.through(b).get())["status"] == "busy"
                     doomed.kill()  # SIGKILL
         assert len(conversation.lost) == 1  # its client never got an answer
-        with anyio.fail_after(5 * LEASE_S):  # a few lease periods: the lease lapses, another replica recovers
+        with anyio.fail_after(5 * LEASE_S):  # a few lease periods: the lease lapses, another takes over
             while (await conversation.through(b).get())["status"] != "idle":
                 await anyio.sleep(0.05)
+        # taken over and run on from its checkpoint (durable turns): the gate call's outcome is unknown
         turns = await conversation.through(c).turns()
-        assert [(t["id"], t["status"], (t["error"] or {}).get("code")) for t in turns] == [
-            (turn_id, "failed", "interrupted")], turns
+        assert [(t["id"], t["status"], t["attempts"]) for t in turns] == [(turn_id, "completed", 2)], turns
         again = await conversation.through(c).say("hello", bound=15)
         assert again["output"] == "echo: hello"
         with anyio.fail_after(5 * LEASE_S):  # the killed replica drops out of the live list

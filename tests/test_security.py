@@ -408,11 +408,13 @@ async def test_no_secret_value_leaves_the_server(tmp_path: Path) -> None:
 
 
 async def only_a_minimal_environment(client: httpx.AsyncClient, cid: str) -> None:
-    """The `env` tool saw PATH and HOME, and nothing of the server's: no CORRAL_*, no provider key."""
+    """The `env` tool saw PATH and HOME, and nothing of the server's: no CORRAL_* but its call's
+    execution key (§7, §9), no provider key."""
     messages = (await client.get(f"/v1/conversations/{cid}/messages", params={"limit": 1000})).json()["items"]
     [env_out, ancestors_out] = [m["content"] for m in messages if m["role"] == "tool"][-2:]
     names = {line.split("=", 1)[0] for line in env_out.splitlines() if "=" in line}
-    assert "PATH" in names and not {n for n in names if n.startswith("CORRAL_")}, env_out
+    assert "PATH" in names, env_out
+    assert {n for n in names if n.startswith("CORRAL_")} == {"CORRAL_EXECUTION_KEY"}, env_out
     assert not names & {"OPENAI_API_KEY", *SECRETS}, env_out
     # the server's environment was there to read, and came back with its keys cut out
     assert "CORRAL_API_KEYS=[redacted]" in ancestors_out, ancestors_out[:2000]

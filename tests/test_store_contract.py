@@ -9,7 +9,6 @@ migrations, its round trips) is in `test_store_postgres.py`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 
 import anyio
@@ -26,41 +25,17 @@ from server.store.base import (
     StoredDefinition,
     StoredFile,
 )
-from server.store.postgres import PostgresStore
-from server.store.sqlite import SQLiteStore
+from tests.support import stores
 from tests.support.stores import DIGEST_A, DIGEST_B, conversation, conversations, permission, turn
 
 pytestmark = pytest.mark.anyio
+
+make_store, store, other = stores.make_store, stores.store, stores.other  # the fixtures: r1 and r2
 
 
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def make_store(request, tmp_path) -> Callable[[str], Store]:
-    """A new (unopened) store for a replica, on this test's one file or database."""
-    if request.param == "sqlite":
-        return lambda replica: SQLiteStore(tmp_path / "corral.db", replica=replica)
-    url = request.getfixturevalue("postgres_url")
-    return lambda replica: PostgresStore(url, replica=replica)
-
-
-@pytest.fixture
-async def store(make_store):
-    s = make_store("r1")
-    await s.open()
-    yield s
-    await s.close()
-
-
-@pytest.fixture
-async def other(make_store, store):
-    s = make_store("r2")
-    await s.open()
-    yield s
-    await s.close()
 
 
 # conversations

@@ -10,10 +10,10 @@ import anyio
 import asyncpg
 import pytest
 
-from server.errors import StorageError
+from server.errors import LeaseLost, StorageError
 from server.messages import UserMessage
 from server.store.postgres import PostgresStore
-from server.store.postgres_schema import MIGRATIONS
+from server.store.postgres_schema import LOCK_KEY, MIGRATIONS
 from tests.support.stores import Inbox, conversations, turn
 
 pytestmark = pytest.mark.anyio
@@ -99,6 +99,58 @@ async def test_release_and_recovery_send_their_notices(pair):
     await inbox.wait_for(t="queue", c="c2")
 
 
+async def test_hand_over_and_take_over_send_their_notices(pair):
+    a, b = pair
+    inbox = Inbox()
+    b.subscribe(inbox)
+    await conversations(a, "c1")
+    await a.admit("c1", "t1", "enqueue", 1.0, 1e9)
+    await a.begin_turn(turn("t1"), ("turn.started", {}), 1.0)
+    await a.hand_over("c1", "t1", 2)  # a wrong fence: no lapse, no notice
+    await a.hand_over("c1", "t1", 1)
+    assert await inbox.wait_for(t="handoff") == {"t": "handoff", "r": "ra", "c": "c1"}
+    assert [n["t"] for n in inbox.notices].count("handoff") == 1
+    mine = Inbox()
+    a.subscribe(mine)
+    (recovered,) = await b.recover_lapsed(2.0, lease_until=100.0, max_attempts=2)
+    assert recovered.resumed
+    assert await mine.wait_for(t="event") == {"t": "event", "r": "rb", "c": "c1", "s": recovered.seq,
+                                              "n": "turn.resumed"}
+    await b.notify({"t": "after"})  # delivered after everything b sent before it
+    await mine.wait_for(t="after")
+    assert [n["t"] for n in mine.notices] == ["event", "after"]  # the conversation stays busy, held
+
+
+async def test_a_stale_holders_writes_racing_a_take_over_all_land_before_it(pair):
+    """The old holder appends as fast as it can while the other replica takes the turn over: every
+    append committed before the take-over (numbered below its `turn.resumed`) or raised `LeaseLost`."""
+    a, b = pair
+    await conversations(a, "c1")
+    await a.admit("c1", "t1", "enqueue", 1.0, 10.0)
+    await a.begin_turn(turn("t1"), ("turn.started", {}), 1.0)
+    landed: list[int] = []
+    lost = anyio.Event()
+
+    async def stale() -> None:
+        while True:
+            try:
+                landed.extend(await a.append("c1", "t1", [UserMessage(content="x")], [("step", {})], 2.0,
+                                             fence=1))
+            except LeaseLost:
+                lost.set()
+                return
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(stale)
+        while len(landed) < 5:
+            await anyio.sleep(0.001)
+        (recovered,) = await b.recover_lapsed(50.0, lease_until=100.0, max_attempts=2)
+    assert lost.is_set() and landed and max(landed) < recovered.seq
+    events = await b.list_events("c1")
+    assert [e.seq for e in events] == list(range(1, recovered.seq + 1))  # nothing of a's after it
+    assert len(await b.list_messages("c1")) == len(landed)
+
+
 async def test_the_listener_comes_back_and_says_resync(pair, postgres_url):
     a, b = pair
     inbox = Inbox()
@@ -167,6 +219,69 @@ async def test_migrations_race_and_refuse_a_newer_schema(postgres_url):
     expected = f"version {len(MIGRATIONS) + 1}, newer than this server's {len(MIGRATIONS)}"
     with pytest.raises(RuntimeError, match=expected):
         await newer.open()
+
+
+async def test_turns_of_the_first_schema_have_run_once(postgres_url):
+    connection = await asyncpg.connect(postgres_url)
+    try:  # a database the first release created, with a turn in it
+        async with connection.transaction():
+            await connection.execute("SELECT pg_advisory_xact_lock($1)", LOCK_KEY)
+            await connection.execute("CREATE TABLE schema_version (version integer PRIMARY KEY,"
+                                     " applied_at timestamptz NOT NULL DEFAULT now())")
+            for statement in MIGRATIONS[0]:
+                await connection.execute(statement)
+            await connection.execute("INSERT INTO schema_version (version) VALUES (1)")
+            await connection.execute(
+                "INSERT INTO conversations (id, agent, agent_name, digest, pinned, metadata, status,"
+                " created_at, updated_at) VALUES ('c1', 'helper', 'helper', 'd', false, '{}', 'busy', 1, 1)")
+            await connection.execute(
+                "INSERT INTO turns (id, conversation_id, agent, digest, status, input, usage, started_at)"
+                " VALUES ('t1', 'c1', 'helper', 'd', 'running', 'hello', '{}', 1)")
+    finally:
+        await connection.close()
+    s = PostgresStore(postgres_url, replica="r1")
+    await s.open()
+    try:
+        assert (await s.get_turn("t1")).attempts == 1
+    finally:
+        await s.close()
+
+
+async def test_fenced_writes_take_one_round_trip(postgres_url):
+    """A fenced write checks its fence in the statement that writes: (statements, transactions) per call."""
+    s = PostgresStore(postgres_url, replica="r1")
+    await s.open()
+    counts: dict[str, tuple[int, int]] = {}
+
+    async def count(name: str, call) -> None:
+        before = (s.stats.statements, s.stats.transactions)
+        try:
+            await call
+        except LeaseLost:
+            name += " (lost)"
+        counts[name] = (s.stats.statements - before[0], s.stats.transactions - before[1])
+
+    try:
+        await conversations(s, "c1")
+        await s.admit("c1", "t1", "enqueue", 1.0, 100.0)
+        await s.begin_turn(turn("t1"), ("turn.started", {}), 1.0)
+        await count("append", s.append("c1", "t1", [UserMessage(content="x")], [("a", {})] * 2, 1.0, fence=1))
+        await count("update_turn", s.update_turn("t1", fence=1, status="waiting"))
+        await count("hand_over", s.hand_over("c1", "t1", 1))
+        await count("release", s.release("c1", "t1", fence=1))
+        await count("append", s.append("c1", "t1", [], [("a", {})], 1.0, fence=1))  # released: lost
+        await count("update_turn", s.update_turn("t1", fence=1, status="running"))
+        await count("end_turn", s.end_turn("t1", "c1", {"status": "completed"}, ("done", {}), 2.0, fence=1))
+        await count("release", s.release("c1", "t1", fence=1))
+        assert (await s.admit("c1", "t2", "enqueue", 2.0, 100.0)).fence == 2
+        await s.create_turn(turn("t2"))
+        await count("end_turn", s.end_turn("t2", "c1", {"status": "completed"}, ("done", {}), 2.0, fence=2))
+    finally:
+        await s.close()
+    one = (1, 1)
+    assert counts == {"append": one, "update_turn": one, "hand_over": one, "append (lost)": one,
+                      "update_turn (lost)": one, "end_turn (lost)": one, "release (lost)": one,
+                      "end_turn": one, "release": one}
 
 
 async def test_a_turns_writes_take_few_round_trips(postgres_url):

@@ -92,7 +92,13 @@ class ToolDefinition(Definition):
     http: Mapping[str, Any] | None = None
     command: Mapping[str, Any] | None = None
     permission: str = "allow"
+    replay: str = "unsafe"  # absent from the spec when it is the default (see `normalize`)
     files: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def replay_safe(self) -> bool:
+        """Whether a call whose outcome is unknown (cut off by a crash) may simply run again."""
+        return self.replay == "safe"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -211,6 +211,8 @@ class ToolDocument(Document):
     http: HttpAction | None = None
     command: CommandAction | None = None
     permission: Literal["allow", "ask", "deny"] = "allow"
+    # May a call whose outcome a crash left unknown run again? Only the author knows (§9).
+    replay: Literal["safe", "unsafe"] = "unsafe"
 
     @field_validator("input_schema")
     @classmethod

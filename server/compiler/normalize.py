@@ -6,7 +6,9 @@ every file it points to inside the definition directory: an
 `files` (path within the folder -> content digest); an argv element naming a
 file becomes a directory-relative path whose content digest is in `files`.
 Where a file sits, and which YAML file a document came from, are not part of
-the spec, so moving things around changes no digest.
+the spec, so moving things around changes no digest. One default is left out
+rather than filled in: a Tool's `replay: unsafe`, a field added after digests
+were pinned and locked, so that adding it changed no existing digest.
 
 Every file is read through `sources.read_regular` (via `FileStamps`): a
 FIFO, socket or device where a file is expected is an error naming it. An
@@ -157,6 +159,10 @@ class Normalizer:
             spec["instructions"] = self._read_text(path, out, ("instructions_file",))
 
     def _tool(self, source: SourceDocument, doc: ToolDocument, out: Normalized) -> None:
+        # `replay` came after digests were in use (pinned turns, lock files): its default is left
+        # out of the spec, so a Tool written before it, or with `replay: unsafe`, keeps its digest.
+        if out.spec.get("replay") == "unsafe":
+            del out.spec["replay"]
         command = out.spec.get("command")
         if command is not None:
             out.spec["files"] = {}

@@ -45,6 +45,7 @@ def turn_json(t: TurnRecord) -> dict[str, Any]:
     return {
         "id": t.id, "conversation_id": t.conversation_id, "agent": t.agent, "digest": t.digest,
         "status": t.status, "stop_reason": t.stop_reason, "usage": t.usage, "error": t.error,
+        "attempts": t.attempts,
         "input": t.input, "output": t.output,
         "started_at": iso(t.started_at), "ended_at": iso(t.ended_at),
     }

@@ -89,8 +89,9 @@ class Admission:
         return await self.store.holder(conversation_id)
 
     async def enter(self, conversation_id: str, turn_id: str, policy: str, *, key: str | None = None,
-                    request: str | None = None) -> None:
-        """Return holding the conversation; raise ConversationBusy (reject), Superseded or KeyTaken."""
+                    request: str | None = None) -> int:
+        """Return holding the conversation (its fencing token); raise ConversationBusy (reject),
+        Superseded or KeyTaken."""
         if policy not in BUSY_POLICIES:
             raise RequestError(f"if_busy must be one of {', '.join(BUSY_POLICIES)}")
         now = time.time()
@@ -106,16 +107,18 @@ class Admission:
                 self.wake(conversation_id)  # turns queued here find themselves superseded
                 if admitted.cancel is not None:
                     await self.cancel(admitted.cancel)
-            if admitted.fence is None:  # not claimed at once: wait for our turn in the queue
-                await self._claim(conversation_id, turn_id)
+            fence = admitted.fence
+            if fence is None:  # not claimed at once: wait for our turn in the queue
+                fence = await self._claim(conversation_id, turn_id)
             self._held[turn_id] = conversation_id
+            return fence
         except BaseException:
             self._held.pop(turn_id, None)
             with anyio.CancelScope(shield=True):
                 await self._release(conversation_id, turn_id)
             raise
 
-    async def _claim(self, conversation_id: str, turn_id: str) -> None:
+    async def _claim(self, conversation_id: str, turn_id: str) -> int:
         wakeup = self._wakeups.setdefault(conversation_id, _Wakeup())
         wakeup.waiters += 1
         try:
@@ -125,7 +128,7 @@ class Admission:
                 if claim.superseded:
                     raise Superseded
                 if claim.fence is not None:
-                    return
+                    return claim.fence
                 # woken by a release (here, or a notice from elsewhere); the timeout covers a lost notice
                 with anyio.move_on_after(self.lease_s):
                     await wakeup.event.wait()
@@ -142,6 +145,11 @@ class Admission:
             wakeup.event.set()
             if wakeup.waiters > 0:  # a fresh event for the waiters that find they must wait again
                 self._wakeups[conversation_id] = _Wakeup(waiters=wakeup.waiters)
+
+    def adopt(self, conversation_id: str, turn: ActiveTurn) -> None:
+        """A turn this replica took over from one that stopped: it holds the conversation already."""
+        self._held[turn.id] = conversation_id
+        self._running[conversation_id] = turn
 
     def start(self, conversation_id: str, turn: ActiveTurn) -> None:
         if turn.id in self._cancelled:  # an `interrupt` came while it was starting

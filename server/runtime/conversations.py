@@ -24,17 +24,18 @@ from anyio.abc import TaskGroup
 
 from ..compiler.definitions import Closure
 from ..deployment.registry import Registry, split_ref
-from ..errors import ConversationBusy, ConversationNotFound, CorralError, IdempotencyKeyReused
+from ..errors import ConversationBusy, ConversationNotFound, CorralError, IdempotencyKeyReused, RequestError
 from ..ids import new_id
 from ..messages import Message
 from ..metrics import Metrics
 from ..store.base import ConversationRecord, EventRecord, Store, TurnRecord
 from .admission import Admission, KeyTaken, Superseded
+from .checkpoints import Checkpoint, checkpoint_of
 from .events import EventHub
 from .idempotency import IdempotencyKeys, request_digest
 from .plans import Runtime
 from .streams import EventStreams
-from .turn import ENDED_STATUSES, ActiveTurn, TurnResult
+from .turn import ENDED_STATUSES, ActiveTurn, Failed, TurnResult
 from .turns import TurnRunner
 
 log = logging.getLogger("corral.conversations")
@@ -70,21 +71,55 @@ class Conversations:
         """The turns in progress here (what a swap report's `busy` is made of)."""
         return [turn.record for turn in self.running_turns()]
 
-    async def drain(self, grace_s: float) -> None:
-        """Stop accepting turns; give running ones `grace_s`, then cancel the rest."""
+    async def drain(self, grace_s: float, *, hand_off: bool = False) -> None:
+        """Stop accepting turns and hand the running ones over, none of them failed by the stop.
+
+        With other replicas to go on (`hand_off`), each turn stops at its next checkpoint within
+        `grace_s` and its lease lapses at once, so another replica continues it. Alone, a turn
+        gets `grace_s` to finish. Either way, a turn still running when the grace ends is cut off
+        and handed over: the next replica to take it, or this one's next start, resumes it.
+        """
         self.accepting = False
+        for turn in self.running_turns():
+            turn.hand_off = hand_off
         with anyio.move_on_after(grace_s):
             for turn in self.running_turns():
                 await turn.done.wait()
         for turn in self.running_turns():
-            turn.cancel(interrupted=True)
+            turn.hand_off = True
+            turn.cancel()
         with anyio.move_on_after(5):
             for turn in self.running_turns():
                 await turn.done.wait()
 
+    async def resume(self, turn: TurnRecord, fence: int) -> None:
+        """Run the next attempt of a turn this replica took over (its replica stopped or died)."""
+        conversation = await self.get(turn.conversation_id)
+        active = ActiveTurn(record=turn, fence=fence)
+        self.admission.adopt(conversation.id, active)
+        try:
+            closure = await self.registry.resolve(f"{turn.agent}@{turn.digest}")
+            checkpoint = await checkpoint_of(self.store, turn)
+        except BaseException as exc:
+            log.error("turn %s cannot be resumed: %s", turn.id, exc)
+            active.settle(Failed({"code": "interrupted",
+                                  "message": f"the turn could not be resumed: {exc}"}))
+            with anyio.CancelScope(shield=True):
+                await self.runner.finish(conversation, active)
+                await self.admission.leave(conversation.id, turn.id, released=True)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        log.warning("turn %s of conversation %s resumed (attempt %d)", turn.id, conversation.id,
+                    turn.attempts)
+        assert self._tg is not None
+        await self._tg.start(self._run_turn, conversation, closure, active, checkpoint)
+
     # --- conversations -------------------------------------------------------
 
     async def create(self, agent: str, title: str | None, metadata: dict[str, Any]) -> ConversationRecord:
+        if title is not None and "\x00" in title:
+            raise RequestError("the title must not contain NUL characters")
         closure = await self.registry.resolve(agent)
         now = time.time()
         record = ConversationRecord(
@@ -115,6 +150,8 @@ class Conversations:
     async def send(self, conversation_id: str, text: str, *, if_busy: str | None = None,
                    idempotency_key: str | None = None) -> ActiveTurn:
         """Start a turn (or find the one this idempotency key started); returns once it is running."""
+        if "\x00" in text:  # no store keeps it as text (PostgreSQL refuses it), and no model reads it
+            raise RequestError("the message must not contain NUL characters")
         conversation = await self.get(conversation_id)
         if not self.accepting:
             raise CorralError("the server is shutting down", code="overloaded")
@@ -140,8 +177,8 @@ class Conversations:
         closure = await self.registry.resolve(conversation.agent)
         turn_id = new_id("turn")
         try:
-            await self.admission.enter(conversation.id, turn_id, if_busy or closure.agent.on_busy,
-                                       key=key, request=asked)
+            fence = await self.admission.enter(conversation.id, turn_id, if_busy or closure.agent.on_busy,
+                                               key=key, request=asked)
         except Superseded:
             return await self.runner.never_ran(self._turn(conversation, closure, text, key, turn_id, asked))
         except KeyTaken as taken:  # another replica's request holds the key, or it just ended
@@ -156,6 +193,7 @@ class Conversations:
             # what is current now that it is our turn
             closure = await self.registry.resolve(conversation.agent)
             turn = self._turn(conversation, closure, text, key, turn_id, asked)
+            turn.fence = fence
             self.admission.start(conversation.id, turn)
             assert self._tg is not None
             await self._tg.start(self._run_turn, conversation, closure, turn)
@@ -174,17 +212,18 @@ class Conversations:
         return ActiveTurn(record=self.runner.new_turn(conversation, closure, text, key, turn_id, asked))
 
     async def _run_turn(self, conversation: ConversationRecord, closure: Closure, turn: ActiveTurn,
-                        task_status=anyio.TASK_STATUS_IGNORED) -> None:
+                        resumed: Checkpoint | None = None, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         try:
             with turn.scope:
-                await self.runner.run(conversation, closure, turn, task_status)
+                await self.runner.run(conversation, closure, turn, task_status, resumed=resumed)
         finally:
             with anyio.CancelScope(shield=True):
                 await self.runner.finish(conversation, turn)
                 if turn.record.idempotency_key:
                     self.keys.forget(conversation.id, turn.record.idempotency_key)
+                # released with its ending; or not ours to release (it goes on elsewhere)
                 recorded = turn.ending is not None and turn.ending.done > 0
-                await self.admission.leave(conversation.id, turn.id, released=recorded)
+                await self.admission.leave(conversation.id, turn.id, released=recorded or bool(turn.stopped))
 
     async def interrupt(self, conversation_id: str) -> str | None:
         """Cancel the running turn, on whichever replica it runs; returns its id, or None when idle."""
@@ -257,8 +296,15 @@ class Conversations:
             turn.attention.set()
 
     async def result(self, turn: ActiveTurn) -> TurnResult:
-        """The answer of a turn, once it has ended."""
+        """The answer of a turn, once it has ended (wherever it went on, for one taken over)."""
         await turn.done.wait()
+        if turn.stopped == "handed_over":
+            raise CorralError("this replica is stopping: the turn goes on elsewhere; read the conversation,"
+                              " or retry with the same Idempotency-Key", code="overloaded",
+                              details={"turn_id": turn.id})
+        if turn.stopped == "lost":
+            await self._ended(turn.record.conversation_id, turn.id)
+            turn.messages = None  # what this replica saw of it is not the whole turn
         record = await self.store.get_turn(turn.id)
         assert record is not None
         if turn.ending is not None:  # ended here: what the store says may lag (a failed write)

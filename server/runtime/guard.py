@@ -13,6 +13,11 @@ Hooks know a tool by its `hook_name`, which is not always the name the model
 calls it by: an MCP server's tool is `mcp__SERVER__TOOL` to hooks and their
 matchers (as in Claude Code), `server__tool` to the model. Everything the
 model or a person reads names the tool as the model knows it.
+
+The hooks that guard a call get its execution key, as the tool does
+(`ToolContext.execution_key`); the guard says whether a call may be replayed
+as its tool does (`replay_safe`): hooks and permissions do not change what a
+second run of the tool would do.
 """
 
 from __future__ import annotations
@@ -42,13 +47,17 @@ class Guarded:
         self.hooks = hooks
         self.broker = broker
 
+    @property
+    def replay_safe(self) -> bool:
+        return self.tool.replay_safe
+
     async def call(self, arguments: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
         name = self.spec.name
         decision, reason, args = self.permission, None, dict(arguments)
         if self.hooks is not None:
             verdict = await self.hooks.run("pre_tool_use", {
                 "tool_name": self.hook_name, "tool_input": args, "tool_use_id": ctx.call_id,
-            })
+            }, execution_key=ctx.execution_key)
             if RANK[verdict.decision] > RANK[decision] or (verdict.decision == decision != "allow"):
                 decision, reason = verdict.decision, verdict.reason
             if verdict.updated_input is not None:
@@ -74,7 +83,7 @@ class Guarded:
         verdict = await self.hooks.run("post_tool_use", {
             "tool_name": self.hook_name, "tool_input": args, "tool_use_id": ctx.call_id,
             "tool_response": {"content": output.content, "is_error": output.is_error},
-        })
+        }, execution_key=ctx.execution_key)
         content = output.content
         if verdict.decision == "deny" and verdict.reason:
             content += f"\n\n[post_tool_use hook: {verdict.reason}]"

@@ -18,10 +18,12 @@ It holds what the conversation's messages hold and nothing else.
 A command hook runs its argv without a shell (an element naming a file of the
 definition directory runs as its absolute path), in the definition directory,
 with the JSON on stdin, the minimal environment of `confinement` and
-`CLAUDE_PROJECT_DIR` set to that directory; a time-out kills its whole
-process group. An HTTP hook POSTs the same JSON, with `${VAR}` in its headers
-resolved at call time. Whatever a hook answers (a reason, context, a
-rewritten input) has every secret value redacted before the turn uses it.
+`CLAUDE_PROJECT_DIR` set to that directory, plus, for a hook guarding a tool
+call, that call's `CORRAL_EXECUTION_KEY` (the caller passes it: the guard);
+a time-out kills its whole process group. An HTTP hook POSTs the same JSON,
+with `${VAR}` in its headers resolved at call time (and no execution key).
+Whatever a hook answers (a reason, context, a rewritten input) has every
+secret value redacted before the turn uses it.
 As in Claude Code, a hook that exits with a status other than 0 and 2, or
 answers JSON the protocol cannot read, is a non-blocking error: a warning
 naming the hook and what it did is logged, and the call goes on. A hook that
@@ -153,8 +155,10 @@ class Hooks:
             if hook.event == event and _applies(matcher, event, tool_name)
         ]
 
-    async def run(self, event: str, payload: Mapping[str, Any], *, tool_name: str | None = None) -> Verdict:
-        """Run every matching hook concurrently; `tool_name` defaults to the payload's."""
+    async def run(self, event: str, payload: Mapping[str, Any], *, tool_name: str | None = None,
+                  execution_key: str = "") -> Verdict:
+        """Run every matching hook concurrently; `tool_name` defaults to the payload's. Command hooks
+        get `execution_key`, the key of the tool call they guard, as `CORRAL_EXECUTION_KEY`."""
         event = _event(event)
         if tool_name is None and isinstance(payload.get("tool_name"), str):
             tool_name = payload["tool_name"]
@@ -169,18 +173,18 @@ class Hooks:
         answers = [Answer(Verdict())] * len(hooks)
 
         async def one(index: int, hook: HookDefinition) -> None:
-            answers[index] = await self._run_one(hook, event, body)
+            answers[index] = await self._run_one(hook, event, body, execution_key)
 
         async with anyio.create_task_group() as group:
             for index, hook in enumerate(hooks):
                 group.start_soon(one, index, hook)
         return combine(answers)
 
-    async def _run_one(self, hook: HookDefinition, event: str, body: bytes) -> Answer:
+    async def _run_one(self, hook: HookDefinition, event: str, body: bytes, execution_key: str) -> Answer:
         started = time.monotonic()
         try:
             if hook.command is not None:
-                answer = await self._command(hook, event, body)
+                answer = await self._command(hook, event, body, execution_key)
             else:
                 answer = await self._post(hook, event, body)
         except HookFailed as exc:
@@ -200,13 +204,13 @@ class Hooks:
                     elapsed_ms)
         return Answer(Verdict("deny", failure) if hook.on_error == "deny" else Verdict())
 
-    async def _command(self, hook: HookDefinition, event: str, body: bytes) -> Answer:
+    async def _command(self, hook: HookDefinition, event: str, body: bytes, execution_key: str) -> Answer:
         assert hook.command is not None
         try:
             argv = self.files.argv(self.root, hook.command, hook.files)
         except FileChanged as exc:
             raise HookFailed(f"hook {hook.name}: {exc}") from None
-        env = child_environment({"CLAUDE_PROJECT_DIR": str(self.root)})
+        env = child_environment({"CLAUDE_PROJECT_DIR": str(self.root)}, execution_key=execution_key)
         try:
             finished = await run_process(argv, cwd=self.root, env=env, timeout_s=hook.timeout_s,
                                          output_limit=OUTPUT_LIMIT, stderr_tail=STDERR_TAIL, stdin=body)

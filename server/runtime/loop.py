@@ -9,6 +9,15 @@ OpenAI-compatible route, MCP and `corral chat` all drive this one generator.
 Guards: tool input is validated against the tool's schema and errors go back
 to the model (at most `MAX_REPAIRS` times a turn); the same call with the
 same arguments three times is a loop; `max_steps` bounds model calls.
+
+A resumed turn (its replica died; see `turns`) starts from what it had
+committed (`TurnPlan.resumed`): a model step that was cut off is simply made
+again, a tool call whose result was committed is not made again, and one
+whose start was committed but not its result (`TurnPlan.unknown`) runs
+again only if its tool is `replay_safe`; otherwise the model gets an error
+result saying the outcome is unknown, and `tool.finished` says
+`"outcome": "unknown"`. Every call carries an execution key that is the
+same on every attempt, so what it reaches can deduplicate.
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from jsonschema import Draft202012Validator
@@ -25,7 +34,7 @@ from ..canonical import canonical_json, thaw
 from ..errors import RunError, ToolError
 from ..messages import AssistantMessage, Message, ToolCall, ToolResultMessage, Usage, UserMessage
 from ..providers.base import Finish, ModelPort, ModelRequest, TextDelta, ToolCallChunk, UsageChunk
-from ..tools.base import ToolContext, ToolOutput, ToolPort
+from ..tools.base import ToolContext, ToolOutput, ToolPort, for_call
 
 if TYPE_CHECKING:
     from .hooks import Hooks
@@ -34,6 +43,9 @@ MAX_REPAIRS = 3
 MAX_STOP_ROUNDS = 3
 LOOP_LIMIT = 3
 EVENT_TEXT_LIMIT = 4096
+UNKNOWN_OUTCOME = ("the outcome of this call is unknown: the server running it stopped before its result"
+                   " was recorded, and the tool is not marked safe to run again. Check whether it took"
+                   " effect before calling it again.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +82,9 @@ class TurnPlan:
     context: ToolContext
     hooks: Hooks | None = None
     validators: dict[str, Draft202012Validator] = field(default_factory=dict)
+    resumed: tuple[Message, ...] = ()  # what an earlier attempt of this turn committed
+    started: frozenset[str] = frozenset()  # tool calls whose `tool.started` is committed
+    unknown: frozenset[str] = frozenset()  # ... and which may have run, with no result committed
 
 
 def _clip(text: str) -> str:
@@ -147,13 +162,21 @@ async def _stream_step(plan: TurnPlan, request: ModelRequest, step: _Step) -> As
 
 
 async def run_turn(plan: TurnPlan) -> AsyncIterator[LoopEvent]:
-    messages: list[Message] = [*plan.history, UserMessage(content=await _prompt(plan))]
-    yield Append(messages[-1])
-    specs = tuple(t.spec for t in plan.tools.values())
-    usage = Usage()
     guards = _Guards()
+    usage = Usage()
+    if plan.resumed:
+        messages: list[Message] = [*plan.history, *plan.resumed]
+        async for event in _resume(plan, guards, messages):
+            yield event
+            if isinstance(event, Done):
+                return
+    else:
+        messages = [*plan.history, UserMessage(content=await _prompt(plan))]
+        yield Append(messages[-1])
+    specs = tuple(t.spec for t in plan.tools.values())
     stop_rounds = 0
-    for _ in range(plan.max_steps):
+    steps_done = sum(isinstance(m, AssistantMessage) for m in plan.resumed)
+    for _ in range(max(plan.max_steps - steps_done, 0)):
         step = _Step()
         async for event in _stream_step(plan, ModelRequest(plan.instructions, tuple(messages), specs), step):
             yield event
@@ -172,16 +195,47 @@ async def run_turn(plan: TurnPlan) -> AsyncIterator[LoopEvent]:
             yield Append(messages[-1])
             continue
         for call in calls:
-            yield Emit("tool.started", {"tool_call_id": call.id, "name": call.name,
-                                        "arguments": thaw(call.arguments)})
-            output = await _call_tool(plan, guards, call)
-            yield Emit("tool.finished", {"tool_call_id": call.id, "name": call.name,
-                                         "is_error": output.is_error, "content": _clip(output.content)})
-            result = ToolResultMessage(tool_call_id=call.id, name=call.name,
-                                       content=output.content, is_error=output.is_error)
-            messages.append(result)
-            yield Append(result)
+            async for event in _tool_call(plan, guards, call, messages):
+                yield event
     raise RunError(f"the agent did not finish within max_steps={plan.max_steps}", code="max_steps_exceeded")
+
+
+async def _resume(plan: TurnPlan, guards: _Guards, messages: list[Message]) -> AsyncIterator[LoopEvent]:
+    """Pick up where an earlier attempt's commits end: its final answer, or its step's open calls."""
+    replies = [m for m in plan.resumed if isinstance(m, AssistantMessage)]
+    if not replies or not isinstance(plan.resumed[-1], AssistantMessage | ToolResultMessage):
+        return  # the prompt (or a stop hook's reason) is the last word: the next model step follows
+    reply = replies[-1]
+    if not reply.tool_calls and plan.resumed[-1] is reply:
+        yield Done(reply.content, "end_turn", Usage())
+        return
+    after = plan.resumed[plan.resumed.index(reply) + 1:]
+    answered = {m.tool_call_id for m in after if isinstance(m, ToolResultMessage)}
+    for call in reply.tool_calls:
+        if call.id not in answered:
+            async for event in _tool_call(plan, guards, call, messages):
+                yield event
+
+
+async def _tool_call(plan: TurnPlan, guards: _Guards, call: ToolCall,
+                     messages: list[Message]) -> AsyncIterator[LoopEvent]:
+    """One call: `tool.started`, the call (or, for an unsafe call a crash cut off, an unknown
+    outcome), `tool.finished`, and its result in the transcript."""
+    if call.id not in plan.started:
+        yield Emit("tool.started", {"tool_call_id": call.id, "name": call.name,
+                                    "arguments": thaw(call.arguments)})
+    tool = plan.tools.get(call.name)
+    unknown = call.id in plan.unknown and not getattr(tool, "replay_safe", False)
+    output = ToolOutput(UNKNOWN_OUTCOME, is_error=True) if unknown else await _call_tool(plan, guards, call)
+    finished = {"tool_call_id": call.id, "name": call.name, "is_error": output.is_error,
+                "content": _clip(output.content)}
+    if unknown:
+        finished["outcome"] = "unknown"
+    yield Emit("tool.finished", finished)
+    result = ToolResultMessage(tool_call_id=call.id, name=call.name, content=output.content,
+                               is_error=output.is_error)
+    messages.append(result)
+    yield Append(result)
 
 
 async def _call_tool(plan: TurnPlan, guards: _Guards, call: ToolCall) -> ToolOutput:
@@ -201,6 +255,6 @@ async def _call_tool(plan: TurnPlan, guards: _Guards, call: ToolCall) -> ToolOut
         return guards.repair(f"invalid input for {call.name}: {detail}")
     guards.check_loop(call)
     try:
-        return await tool.call(arguments, replace(plan.context, call_id=call.id))
+        return await tool.call(arguments, for_call(plan.context, call.id))  # with its execution key
     except ToolError as exc:
         return ToolOutput(exc.message, is_error=True)

@@ -40,25 +40,38 @@ class PermissionBroker:
 
     async def request(self, ctx: ToolContext, tool: str, arguments: dict[str, Any],
                       reason: str | None) -> tuple[bool, str]:
-        """Wait for a decision; returns (allowed, why)."""
+        """Wait for a decision; returns (allowed, why).
+
+        A resumed turn (its replica stopped) asks again for the same call: the request made by
+        its earlier attempt stands, pending or answered, so the person's answer is not lost.
+        """
         now = time.time()
-        record = PermissionRecord(
+        earlier = await self._earlier(ctx)
+        if earlier is not None and earlier.status in ("allowed", "denied"):
+            allowed = earlier.status == "allowed"
+            return allowed, "allowed" if allowed else "denied by a person"
+        record = earlier if earlier is not None and earlier.status == "pending" else PermissionRecord(
             id=new_id("perm"), conversation_id=ctx.conversation_id, turn_id=ctx.turn_id,
             tool_call_id=ctx.call_id, tool=tool, arguments=arguments, reason=reason, status="pending",
             requested_at=now, expires_at=now + self.timeout_s,
         )
-        await self.store.create_permission(record)
+        if record is not earlier:
+            await self.store.create_permission(record)
         waiter = self._waiting[record.id] = _Waiter(ctx.conversation_id)
         unanswered = ("cancelled", "cancellation")  # the turn ended before the wait did
         try:
             if ctx.channel is not None:
                 await ctx.channel.waiting(True)
-                await ctx.channel.emit("permission.requested", {
-                    "request_id": record.id, "turn_id": ctx.turn_id, "tool_call_id": ctx.call_id,
-                    "name": tool, "arguments": arguments, "reason": reason,
-                    "expires_at": iso(record.expires_at),
-                })
-            with anyio.move_on_after(self.timeout_s):
+                if record is not earlier:
+                    await ctx.channel.emit("permission.requested", {
+                        "request_id": record.id, "turn_id": ctx.turn_id, "tool_call_id": ctx.call_id,
+                        "name": tool, "arguments": arguments, "reason": reason,
+                        "expires_at": iso(record.expires_at),
+                    })
+            # a decision that came while no replica waited (between the crash and the resume)
+            if record is earlier:
+                await self.on_notice({"t": "permission", "id": record.id})
+            with anyio.move_on_after(max(record.expires_at - time.time(), 0)):
                 await waiter.answered.wait()
             unanswered = ("expired", "expiry")
         finally:
@@ -69,8 +82,16 @@ class PermissionBroker:
                 if ctx.channel is not None:
                     await ctx.channel.waiting(False)
         if not waiter.answered.is_set():
-            return False, f"the permission request expired after {self.timeout_s:g}s"
+            return False, f"the permission request expired after {record.expires_at - record.requested_at:g}s"
         return waiter.allowed, "allowed" if waiter.allowed else "denied by a person"
+
+    async def _earlier(self, ctx: ToolContext) -> PermissionRecord | None:
+        """The request an earlier attempt of this turn made for this call, if any (the latest)."""
+        if not ctx.call_id:
+            return None
+        found = [p for p in await self.store.list_permissions(ctx.conversation_id)
+                 if p.turn_id == ctx.turn_id and p.tool_call_id == ctx.call_id]
+        return found[-1] if found else None
 
     async def decide(self, conversation_id: str, request_id: str, allow: bool, who: str) -> PermissionRecord:
         record = await self.store.get_permission(request_id)

@@ -57,6 +57,10 @@ class Interrupted:
 Outcome = Completed | Failed | Cancelled | Interrupted
 
 
+class HandOff(Exception):
+    """A stopping replica's turn reached a checkpoint: it stops here and goes on elsewhere."""
+
+
 @dataclass
 class Ending:
     """How a turn ended: the turn's new columns and its last event, and how much is written."""
@@ -66,7 +70,8 @@ class Ending:
     changes: dict[str, Any]
     event: str
     data: dict[str, Any]
-    done: int = 0  # steps of `TurnRunner._record` already committed
+    done: int = 0  # 1 once `TurnRunner._record` committed it
+    fence: int | None = None  # the turn's fencing token: an ending is written only while it holds
 
 
 def ending_of(turn: TurnRecord, outcome: Outcome, now: float) -> Ending:
@@ -102,6 +107,9 @@ class ActiveTurn:
     messages: list[Message] | None = None  # what it added to the transcript, once it ran here
     asked: dict[str, Any] | None = None  # the permission request it waits on
     ending: Ending | None = None  # once it ended (also when the store could not take it)
+    fence: int | None = None  # the fencing token its conversation is held under: every write names it
+    stopped: str | None = None  # "lost" (another replica took it over) or "handed_over": it goes on elsewhere
+    hand_off: bool = False  # a stopping replica asks it to stop at its next checkpoint
     _interrupted: bool = False
 
     @property
@@ -112,6 +120,12 @@ class ActiveTurn:
         """Stop it: a client's cancel, or (`interrupted`) the server stopping."""
         self._interrupted = self._interrupted or interrupted
         self.scope.cancel()
+
+    def stop_here(self, why: str) -> None:
+        """It goes on elsewhere (`lost`, `handed_over`): this replica records no ending for it."""
+        self.stopped = why
+        self.done.set()
+        self.attention.set()
 
     def begin(self, started_seq: int) -> None:
         self.started_seq = started_seq

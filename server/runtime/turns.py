@@ -28,12 +28,13 @@ import anyio
 from anyio.abc import TaskGroup
 
 from ..compiler.definitions import Closure
-from ..errors import CorralError, StorageError
+from ..errors import CorralError, LeaseLost, StorageError
 from ..messages import Message, repair_history
 from ..store.base import ConversationRecord, EventRecord, TurnRecord
 from ..tools.base import ToolContext
+from .checkpoints import Checkpoint
 from .loop import Append, Done, Emit, run_turn
-from .turn import ActiveTurn, Completed, Ending, Failed, ending_of
+from .turn import ActiveTurn, Completed, Ending, Failed, HandOff, ending_of
 
 if TYPE_CHECKING:
     from ..metrics import Metrics
@@ -92,22 +93,32 @@ class TurnRunner:
         self.publish_status(conversation_id, status)
 
     async def run(self, conversation: ConversationRecord, closure: Closure, active: ActiveTurn,
-                  task_status: Any) -> None:
+                  task_status: Any, *, resumed: Checkpoint | None = None) -> None:
+        """Run a new turn, or (`resumed`) the next attempt of one taken over from a stopped replica."""
         turn = active.record
-        now = time.time()
-        started = ("turn.started", {"turn_id": turn.id, "digest": turn.digest, "agent": turn.agent})
-        seq = await self.store.begin_turn(turn, started, now)
-        self.publish_status(conversation.id, "busy")
-        self.publish(conversation.id, [(seq, started)], now)
+        if resumed is None:
+            now = time.time()
+            started = ("turn.started", {"turn_id": turn.id, "digest": turn.digest, "agent": turn.agent})
+            seq = await self.store.begin_turn(turn, started, now)
+            self.publish_status(conversation.id, "busy")
+            self.publish(conversation.id, [(seq, started)], now)
+            active.begin(seq)
+        else:
+            active.begin(resumed.started_seq)
+            assert active.messages is not None
+            active.messages.extend(resumed.messages)
         self.metrics.busy.inc(amount=1)
-        active.begin(seq)
         task_status.started()
         # errors are settled inside the task group, which would wrap them in an exception group
         async with anyio.create_task_group() as flushes:
-            journal = Journal(self, conversation.id, turn.id, flushes)
+            journal = Journal(self, conversation.id, active, flushes)
             try:
-                await self._run(conversation, closure, active, journal)
+                await self._run(conversation, closure, active, journal, resumed)
                 await journal.flush()
+            except LeaseLost:
+                active.stopped = "lost"
+            except HandOff:
+                active.stopped = "handed_over"
             except CorralError as exc:
                 active.settle(Failed(exc.envelope()["error"]))
             except Exception:  # a bug must fail this turn, not the task group every turn runs in
@@ -117,14 +128,21 @@ class TurnRunner:
                 with anyio.CancelScope(shield=True):
                     try:
                         await journal.flush()  # deltas still waiting, also when cancelled
+                    except LeaseLost:
+                        active.stopped = "lost"
                     except StorageError as exc:
                         active.settle(Failed(exc.envelope()["error"]))
+                if active.hand_off and active.outcome is None and active.stopped is None:
+                    active.stopped = "handed_over"  # cut off at the grace's end: the next attempt goes on
                 flushes.cancel_scope.cancel()
 
     async def _run(self, conversation: ConversationRecord, closure: Closure, active: ActiveTurn,
-                   journal: Journal) -> None:
+                   journal: Journal, resumed: Checkpoint | None) -> None:
         turn = active.record
-        history = await self.transcripts.history(conversation.id)
+        if resumed is None:
+            history = await self.transcripts.history(conversation.id)
+        else:
+            history = list(resumed.history)
         context = ToolContext(conversation_id=conversation.id, turn_id=turn.id, agent=turn.agent,
                               digest=turn.digest, root=closure.root, environ=self.runtime.environ,
                               channel=_Channel(self, conversation.id, active, journal),
@@ -133,6 +151,8 @@ class TurnRunner:
         # transcript: the conversation so far, as hooks' transcript_path shows it while the turn runs
         plan = await self.runtime.plan(closure, past, turn.input, context,
                                        transcript=lambda: (*past, *(active.messages or ())))
+        if resumed is not None:
+            plan = replace(plan, resumed=resumed.messages, started=resumed.started, unknown=resumed.unknown)
         async for event in run_turn(plan):
             await self._handle(active, journal, event)
 
@@ -147,6 +167,8 @@ class TurnRunner:
         elif isinstance(event, Append):
             await journal.message(event.message)
             active.append(event.message)
+            if active.hand_off:  # a checkpoint: a stopping replica hands the turn over here
+                raise HandOff
         elif isinstance(event, Done):
             active.settle(Completed(event.output, event.stop_reason, event.usage))
 
@@ -154,9 +176,17 @@ class TurnRunner:
         """Record how the turn ended; runs shielded, whatever happened."""
         turn = active.record
         now = time.time()
+        if active.stopped is not None:  # it goes on elsewhere: no ending here
+            await self._stop_here(active)
+            return
         ending = ending_of(turn, active.final_outcome(), now)
+        ending.fence = active.fence
         try:
             await self._record(ending)
+        except LeaseLost:  # taken over while it ended: the new holder writes the ending
+            active.stopped = "lost"
+            await self._stop_here(active)
+            return
         except StorageError:
             log.error("could not record the end of turn %s: kept until the store is writable", turn.id)
             self.unrecorded.append(ending)
@@ -168,11 +198,25 @@ class TurnRunner:
             self.metrics.turns.inc(turn.agent, ending.changes["status"])
             self.metrics.turn_duration.observe(now - turn.started_at, turn.agent)
 
+    async def _stop_here(self, active: ActiveTurn) -> None:
+        turn = active.record
+        if active.stopped == "handed_over" and active.fence is not None:
+            try:
+                await self.store.hand_over(turn.conversation_id, turn.id, active.fence)
+                log.info("turn %s handed over: another replica (or the next start) goes on with it", turn.id)
+            except (StorageError, LeaseLost):
+                log.warning("could not hand turn %s over; its lease lapses on its own", turn.id)
+        else:
+            log.warning("turn %s: another replica took it over (this one's lease lapsed)", turn.id)
+        active.stop_here(active.stopped or "lost")
+        self.metrics.busy.inc(amount=-1)
+
     async def _record(self, ending: Ending) -> None:
         """The ending's writes, one transaction (the conversation is released with them)."""
         now = time.time()
         event = (ending.event, ending.data)
-        seq = await self.store.end_turn(ending.turn_id, ending.conversation_id, ending.changes, event, now)
+        seq = await self.store.end_turn(ending.turn_id, ending.conversation_id, ending.changes, event, now,
+                                        fence=ending.fence)
         ending.done = 1
         self.publish(ending.conversation_id, [(seq, event)], now)
         self.publish_status(ending.conversation_id, "idle")
@@ -185,6 +229,8 @@ class TurnRunner:
                 await self._record(ending)
             except StorageError:
                 self.unrecorded.append(ending)
+            except LeaseLost:  # taken over meanwhile: the new holder writes its ending
+                pass
 
 
 class Journal:
@@ -197,14 +243,14 @@ class Journal:
 
     WINDOW = 0.02
 
-    def __init__(self, runner: TurnRunner, conversation_id: str, turn_id: str, flushes: TaskGroup):
+    def __init__(self, runner: TurnRunner, conversation_id: str, active: ActiveTurn, flushes: TaskGroup):
         self.runner = runner
         self.conversation_id = conversation_id
-        self.turn_id = turn_id
+        self.active = active
         self.flushes = flushes
         self.events: list[tuple[str, dict[str, Any]]] = []
         self.messages: list[Message] = []
-        self.failed: StorageError | None = None  # a timed flush that could not commit
+        self.failed: StorageError | LeaseLost | None = None  # a timed flush that could not commit
         self._timer = False
         self._lock = anyio.Lock()
 
@@ -225,7 +271,7 @@ class Journal:
         self._timer = False
         try:
             await self.flush()
-        except StorageError as exc:  # the turn's next write fails with it
+        except (StorageError, LeaseLost) as exc:  # the turn's next write fails with it
             self.failed = exc
 
     async def flush(self) -> None:
@@ -238,7 +284,8 @@ class Journal:
             events, self.events = self.events, []
             messages, self.messages = self.messages, []
             now = time.time()
-            seqs = await self.runner.store.append(self.conversation_id, self.turn_id, messages, events, now)
+            seqs = await self.runner.store.append(self.conversation_id, self.active.id, messages, events, now,
+                                                  fence=self.active.fence)
             self.runner.publish(self.conversation_id, list(zip(seqs, events, strict=True)), now)
 
 
@@ -258,7 +305,8 @@ class _Channel:
             self.active.ask(data)
 
     async def waiting(self, on: bool) -> None:
-        await self.runner.store.update_turn(self.turn_id, status="waiting" if on else "running")
+        await self.runner.store.update_turn(self.turn_id, status="waiting" if on else "running",
+                                            fence=self.active.fence)
         await self.runner.set_status(self.conversation_id, "waiting" if on else "busy")
 
 

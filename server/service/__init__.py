@@ -101,13 +101,13 @@ async def open_service(settings: Settings) -> AsyncIterator[Service]:
         async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
             service, mcp = _assemble(settings, compiler, definitions, store, health, registry, files, client)
             conversations, replica = service.conversations, service.replica
-            await replica.recover_at_start()
             async with anyio.create_task_group() as tg:
                 await tg.start(health.run)
-                await tg.start(replica.run)
                 tg.start_soon(_stop_when_the_store_dies, service)
                 await tg.start(mcp.run)
                 await tg.start(conversations.run)
+                await replica.recover_at_start()  # resumed turns run in the conversations' task group
+                await tg.start(replica.run)
                 if settings.watch:
                     tg.start_soon(watch, compiler.root, service.swapper.reload)
                 if threading.current_thread() is threading.main_thread():
@@ -119,7 +119,7 @@ async def open_service(settings: Settings) -> AsyncIterator[Service]:
                 finally:
                     service.ready = False
                     with anyio.CancelScope(shield=True):
-                        await conversations.drain(settings.shutdown_grace_s)
+                        await conversations.drain(settings.shutdown_grace_s, hand_off=not store.embedded)
                     service.hub.close_all()
                     await replica.leave()
                     tg.cancel_scope.cancel()
@@ -146,9 +146,9 @@ def _assemble(settings: Settings, compiler: Compiler, definitions: DefinitionSet
     # a swap report's busy turns are every replica's: the store knows them all
     swapper = Swapper(compiler, registry, store.running_turns, store, hub.publish_global, metrics,
                       locked=settings.locked, replica=store.replica)
-    replica = Replica(store, lease_s=settings.lease_s, hub=hub, admission=conversations.admission,
-                      permissions=permissions, swapper=swapper, set_digest=lambda: registry.current.digest,
-                      metrics=metrics)
+    replica = Replica(store, lease_s=settings.lease_s, max_attempts=settings.max_attempts, hub=hub,
+                      conversations=conversations, permissions=permissions, swapper=swapper,
+                      set_digest=lambda: registry.current.digest, metrics=metrics)
     swapper.listeners.append(_mcp_follows_swaps(mcp, registry))
     swapper.listeners.append(_secrets_follow_swaps(secrets, registry))
     health.on_recovered.append(conversations.runner.record_unrecorded)
@@ -216,5 +216,5 @@ async def _stop_when_the_store_dies(service: Service) -> None:
 
 async def _drain_on_stop(service: Service) -> None:
     await service.stopping.wait()
-    await service.conversations.drain(service.settings.shutdown_grace_s)
+    await service.conversations.drain(service.settings.shutdown_grace_s, hand_off=not service.store.embedded)
     service.hub.close_all()  # SSE streams end, so the HTTP server's own graceful wait can finish

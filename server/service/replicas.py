@@ -2,11 +2,13 @@
 
 Every `lease_s / 3` seconds a replica writes its heartbeat (id, start, set
 digest, turns running here) and renews the leases of the conversations it
-holds, in the store; it also recovers the turns of any other replica whose
-leases lapsed (that replica died or stopped renewing): they fail with
-`interrupted` and their conversations go idle, so none stays busy for ever.
-At start-up it recovers what its own previous run left (the embedded store:
-everything).
+holds, in the store. Every second (or sooner, when a stopping replica says
+it handed its turns over) it takes over the turns of any other replica whose
+leases lapsed (that replica died, stopped, or stopped renewing): each runs
+again here from its last checkpoint, as its next attempt, until
+`max_attempts`; after that it fails with `interrupted` and its conversation
+goes idle, so none stays busy for ever. At start-up it does the same for
+what its own previous run left (the embedded store: everything).
 
 Notices from other replicas arrive from the store's listener and are
 handled here in order: an event another replica persisted wakes this
@@ -30,7 +32,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from ..deployment.swaps import Swapper
 from ..errors import StorageError
 from ..metrics import Metrics
-from ..runtime.admission import Admission
+from ..runtime.conversations import Conversations
 from ..runtime.events import EventHub
 from ..runtime.permissions import PermissionBroker
 from ..store.base import Notice, Recovered, ReplicaRecord, Store
@@ -40,15 +42,18 @@ BACKLOG = 10_000  # notices waiting to be handled; beyond it, a resync
 
 
 class Replica:
-    def __init__(self, store: Store, *, lease_s: float, hub: EventHub, admission: Admission,
-                 permissions: PermissionBroker, swapper: Swapper, set_digest: Callable[[], str],
-                 metrics: Metrics):
+    def __init__(self, store: Store, *, lease_s: float, max_attempts: int, hub: EventHub,
+                 conversations: Conversations, permissions: PermissionBroker, swapper: Swapper,
+                 set_digest: Callable[[], str], metrics: Metrics):
         self.store = store
         self.metrics = metrics
         self.id = store.replica
         self.lease_s = lease_s
+        self.max_attempts = max_attempts
         self.hub = hub
-        self.admission = admission
+        self.conversations = conversations
+        self.admission = conversations.admission
+        self._sweep_now = anyio.Event()
         self.permissions = permissions
         self.swapper = swapper
         self.set_digest = set_digest
@@ -60,24 +65,52 @@ class Replica:
         self._tg: TaskGroup
 
     async def recover_at_start(self) -> list[Recovered]:
-        """Turns this replica's previous run left (for the embedded store: every unfinished turn)."""
-        recovered = await self.store.recover_lapsed(time.time(), starting=True)
-        for r in recovered:
-            log.warning("turn %s of conversation %s was interrupted by a restart", r.turn.id,
-                        r.turn.conversation_id)
-        return recovered
+        """Resume the turns this replica's previous run left (the embedded store: every unfinished
+        turn); those out of attempts fail. Call with the conversations' task group running."""
+        return await self._recover(starting=True)
 
     async def run(self, task_status=anyio.TASK_STATUS_IGNORED) -> None:
-        """Heartbeat, renew, recover others' lapsed turns, and handle notices, until cancelled."""
+        """Heartbeat, renew, take over others' lapsed turns, and handle notices, until cancelled."""
         self.store.subscribe(self._arrived)
         await self._beat()
         async with anyio.create_task_group() as tg:
             self._tg = tg
             tg.start_soon(self._handle_notices)
+            tg.start_soon(self._sweep)
             task_status.started()
             while True:
                 await anyio.sleep(self.lease_s / 3)
                 await self._beat()
+
+    async def _sweep(self) -> None:
+        """Take over lapsed turns: every second (a lease can lapse any time), or at once on a handoff."""
+        interval = min(1.0, self.lease_s / 3)
+        while True:
+            with anyio.move_on_after(interval):
+                await self._sweep_now.wait()
+            self._sweep_now = anyio.Event()
+            try:
+                await self._recover(starting=False)
+            except StorageError:
+                log.warning("replica %s could not look for lapsed leases", self.id)
+
+    async def _recover(self, *, starting: bool) -> list[Recovered]:
+        now = time.time()
+        recovered = await self.store.recover_lapsed(now, starting=starting, lease_until=now + self.lease_s,
+                                                    max_attempts=self.max_attempts)
+        for r in recovered:
+            conversation_id = r.turn.conversation_id
+            self.metrics.recovered.inc()
+            self.hub.poke(conversation_id)
+            if r.resumed:
+                await self.conversations.resume(r.turn, r.fence)
+                continue
+            log.warning("turn %s of conversation %s failed: it was cut off %d time(s)", r.turn.id,
+                        conversation_id, r.turn.attempts)
+            self.hub.publish_global("conversation.status", {"conversation_id": conversation_id,
+                                                            "status": "idle"})
+            self.admission.wake(conversation_id)
+        return recovered
 
     async def leave(self) -> None:
         """A clean stop: this replica is no longer listed."""
@@ -104,14 +137,6 @@ class Replica:
                 running_turns=len(self.admission.running_turns())))
             alive = await self.store.list_replicas(now - self.lease_s)
             self.metrics.replicas.set(len(alive))
-            for r in await self.store.recover_lapsed(now):
-                self.metrics.recovered.inc()
-                log.warning("turn %s of conversation %s failed: the replica running it stopped renewing"
-                            " its lease", r.turn.id, r.turn.conversation_id)
-                self.hub.poke(r.turn.conversation_id)
-                self.hub.publish_global("conversation.status", {"conversation_id": r.turn.conversation_id,
-                                                                "status": "idle"})
-                self.admission.wake(r.turn.conversation_id)
         except StorageError:
             log.warning("replica %s could not write its heartbeat", self.id)
 
@@ -162,6 +187,9 @@ class Replica:
         # in the background: notices keep flowing while it compiles
         self._tg.start_soon(self.swapper.reload, f"replica {notice.get('r')}")
 
+    async def _handoff(self, notice: Notice) -> None:
+        self._sweep_now.set()
+
     async def _resync(self, notice: Notice) -> None:
         self.hub.poke_all()
         self.admission.on_notice(notice)
@@ -169,5 +197,5 @@ class Replica:
 
     _HANDLERS: dict[str, Callable[[Replica, Notice], Awaitable[None]]] = {
         "event": _event, "status": _status, "queue": _queue, "cancel": _queue, "permission": _permission,
-        "swap": _swap, "reload": _reload, "resync": _resync,
+        "swap": _swap, "reload": _reload, "resync": _resync, "handoff": _handoff,
     }

@@ -66,6 +66,7 @@ class TurnRecord:
     request_digest: str | None = None  # of the request that held the idempotency key
     started_at: float = 0.0
     ended_at: float | None = None
+    attempts: int = 1  # how many times it has run: a turn resumed after a crash runs again
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,10 +141,13 @@ class Claim:
 
 @dataclass(frozen=True, kw_only=True)
 class Recovered:
-    """A turn whose holder's lease lapsed, now failed/interrupted, and the seq of its `turn.failed`."""
+    """A turn whose holder's lease lapsed: taken over to run again here (`resumed`, under `fence`;
+    `seq` is its `turn.resumed`), or, out of attempts, failed/interrupted (`seq`: its `turn.failed`)."""
 
     turn: TurnRecord
     seq: int
+    resumed: bool = False
+    fence: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -198,7 +202,7 @@ class Store(Protocol):
 
     # turns
     async def create_turn(self, turn: TurnRecord) -> None: ...  # raises DuplicateIdempotencyKey
-    async def update_turn(self, turn_id: str, **changes: Any) -> None: ...  # status, output, ...
+    async def update_turn(self, turn_id: str, *, fence: int | None = None, **changes: Any) -> None: ...
     async def get_turn(self, turn_id: str) -> TurnRecord | None: ...
     async def list_turns(self, conversation_id: str, *, limit: int = 50,
                          after: str | None = None) -> list[TurnRecord]: ...  # oldest first
@@ -219,12 +223,16 @@ class Store(Protocol):
     async def begin_turn(self, turn: TurnRecord, event: tuple[str, dict[str, Any]], now: float) -> int: ...
     # ^ create_turn + the conversation "busy" + the event (its `turn.started`); returns the event's seq
     async def append(self, conversation_id: str, turn_id: str, messages: list[Message],
-                     events: list[tuple[str, dict[str, Any]]], now: float) -> list[int]: ...
+                     events: list[tuple[str, dict[str, Any]]], now: float,
+                     *, fence: int | None = None) -> list[int]: ...
     # ^ messages to the transcript and events to the log, together; returns the events' seqs
     async def end_turn(self, turn_id: str, conversation_id: str, changes: dict[str, Any],
-                       event: tuple[str, dict[str, Any]], now: float) -> int: ...
+                       event: tuple[str, dict[str, Any]], now: float, *, fence: int | None = None) -> int: ...
     # ^ update_turn(changes) + the event (its ending) + the conversation "idle" + release(turn);
     # returns the event's seq. Notices as their single-write forms send.
+    # Fencing: with `fence`, `append`, `end_turn`, `release` and `update_turn` first check that the
+    # conversation's holder is still this turn on this replica under that fencing token, and raise
+    # `LeaseLost` (writing nothing) when it is not.
 
     # definitions ever served (content-addressed)
     # save_definitions ignores digests already stored
@@ -257,18 +265,24 @@ class Store(Protocol):
     async def claim(self, conversation_id: str, turn_id: str, now: float, lease_until: float) -> Claim: ...
     # ^ superseded entry -> deleted, `superseded`; no holder and this entry first among those not
     # superseded -> holder = this turn on this replica, fence + 1, lease `lease_until`; else `Claim()`
-    async def release(self, conversation_id: str, turn_id: str) -> None: ...
+    async def release(self, conversation_id: str, turn_id: str, *, fence: int | None = None) -> None: ...
     # ^ removes its queue entry, and the holder if it is this turn; a "queue" notice
     async def holder(self, conversation_id: str) -> Holder | None: ...
     async def renew_leases(self, lease_until: float) -> None: ...  # this replica's holders and entries
-    async def recover_lapsed(self, now: float, *, starting: bool = False) -> list[Recovered]: ...
+    async def recover_lapsed(self, now: float, *, starting: bool = False, lease_until: float = 0.0,
+                             max_attempts: int = 0) -> list[Recovered]: ...
     # ^ conversations held by another replica whose lease ended before `now` (with `starting`, this
     # replica's own holders too, left by its previous run; an embedded store starting treats every
     # holder as lapsed, whatever its lease says; never this replica's while it runs): the holder's turn,
     # if running/waiting, becomes failed with `interrupted` and gets its `turn.failed` event, its
     # pending permissions are cancelled, the conversation goes idle, the holder is cleared; running or
     # waiting turns of a conversation with no holder are treated alike; queue entries whose lease
-    # lapsed are deleted
+    # lapsed are deleted. A turn with fewer than `max_attempts` attempts is not failed but taken
+    # over: this replica becomes the holder (fence + 1, lease `lease_until`), its `attempts` grows by
+    # one, it gets a `turn.resumed` {turn_id, attempt} event, and its pending permissions stay pending
+    async def hand_over(self, conversation_id: str, turn_id: str, fence: int) -> None: ...
+    # ^ a replica stopping: the holder's lease lapses now (if `fence` still holds), so another replica
+    # (or this one's next start) takes the turn over at once; a "handoff" notice tells the others
     async def notify(self, notice: Notice) -> None: ...  # to every other replica ("r" is added)
     def subscribe(self, handler: Callable[[Notice], None]) -> None: ...
 

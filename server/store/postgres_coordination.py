@@ -14,9 +14,12 @@ Locks are always taken in one order: conversation rows (by id, when there
 are several), then queue entries (by position), then turns, permissions and
 events; so two replicas never wait on each other in a circle.
 
-Behaviour follows the SQLite store (`sqlite_coordination`) call for call;
-beyond it, recovery also deletes the queue entry of a holder it clears, so a
-holder whose entry outlived its lease cannot block the queue.
+Behaviour follows the SQLite store (`sqlite_coordination`) call for call:
+recovery deletes the queue entry of a holder it clears (one that outlived its
+lease would block the queue), and keeps, now owned by this replica, the entry
+of a turn it takes over. Recovery is BEGIN, the locks, one statement that
+takes over or fails the turns, one that settles conversations, events,
+permissions and queue entries, the notices, COMMIT.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from collections import defaultdict
 import asyncpg
 
 from .base import Admitted, Claim, Holder, Recovered, ReplicaRecord, StoredFile
-from .postgres_pool import CHANNEL, PostgresBase, Transaction, dumps, notice_sql
+from .postgres_pool import CHANNEL, PostgresBase, Transaction, dumps, lease_lost, notice_sql
 from .postgres_rows import turn_record
 
 INTERRUPTED = {"code": "interrupted", "message": "the server stopped while this turn was running"}
@@ -73,13 +76,30 @@ _CLAIM = (
     " SELECT (SELECT superseded FROM mine) AS superseded, (SELECT fence FROM won) AS fence"
 )
 
-# the queue entry waits for the conversation's lock (the EXISTS), so the lock order holds in one statement
-_RELEASE = (
-    "WITH locked AS (SELECT id FROM conversations WHERE id = $1 FOR NO KEY UPDATE),"
-    " dropped AS (DELETE FROM admissions WHERE turn_id = $2 AND EXISTS (SELECT FROM locked)),"
-    " freed AS (UPDATE conversations SET holder_turn = NULL, holder_replica = NULL, lease_until = NULL"
-    " WHERE id = $1 AND holder_turn = $2)"
-    f" SELECT {notice_sql('queue', r='$3::text', c='id')} FROM locked"
+
+def _release_sql(fenced: bool) -> str:
+    """$1 conversation, $2 turn, $3 replica; `fenced`: $4 the fence, and nothing is written, no row
+    returned, unless ($2, $3, $4) holds the conversation (the locking read rechecks the newest row)."""
+    guard = " AND holder_turn = $2 AND holder_replica = $3 AND fence = $4" if fenced else ""
+    after = " AND EXISTS (SELECT FROM locked)" if fenced else ""
+    # the queue entry waits for the conversation's lock (the EXISTS), so the lock order holds in one statement
+    return (
+        f"WITH locked AS (SELECT id FROM conversations WHERE id = $1{guard} FOR NO KEY UPDATE),"
+        " dropped AS (DELETE FROM admissions WHERE turn_id = $2 AND EXISTS (SELECT FROM locked)),"
+        " freed AS (UPDATE conversations SET holder_turn = NULL, holder_replica = NULL, lease_until = NULL"
+        f" WHERE id = $1 AND holder_turn = $2{after})"
+        f" SELECT {notice_sql('queue', r='$3::text', c='id')} FROM locked"
+    )
+
+
+_RELEASE = _release_sql(False)
+_RELEASE_FENCED = _release_sql(True)
+
+# $1 conversation, $2 turn, $3 fence, $4 replica: the lease lapses now, and the others hear of it
+_HAND_OVER = (
+    "WITH handed AS (UPDATE conversations SET lease_until = 0 WHERE id = $1 AND holder_turn = $2"
+    " AND fence = $3 AND holder_replica = $4 RETURNING id)"
+    f" SELECT {notice_sql('handoff', r='$4::text', c='id')} FROM handed"
 )
 
 # the conversation rows first (all of them, in order: the count), then the queue entries in order
@@ -100,38 +120,51 @@ _CANDIDATES = (
     " WHERE (replica <> $2 AND lease_until < $1) OR (replica = $2 AND $3)"
 )
 
-# $1 conversations, $2 the holder each keeps (NULL: none): every other unfinished turn fails
-_FAIL = (
-    "UPDATE turns t SET status = 'failed', error = $3, ended_at = $4"
-    " FROM unnest($1::text[], $2::text[]) AS k (conversation_id, holder)"
+# $1 conversations, $2 the holder of each (NULL: none), $3 whether that holder lapsed, $4 the error,
+# $5 now, $6 max attempts: a lapsed holder's unfinished turn with attempts to spare is taken over (one
+# attempt more); every other unfinished turn but a live holder's fails. `resumed` says which is which.
+_RESUME_OR_FAIL = (
+    "WITH k AS (SELECT * FROM unnest($1::text[], $2::text[], $3::bool[]) AS k (conversation_id, holder,"
+    " lapsed)),"
+    " resumed AS (UPDATE turns t SET attempts = t.attempts + 1 FROM k"
+    " WHERE t.conversation_id = k.conversation_id AND t.id = k.holder AND k.lapsed"
+    " AND t.status IN ('running', 'waiting') AND t.attempts < $6 RETURNING t.*),"
+    " failed AS (UPDATE turns t SET status = 'failed', error = $4, ended_at = $5 FROM k"
     " WHERE t.conversation_id = k.conversation_id AND t.status IN ('running', 'waiting')"
-    " AND t.id IS DISTINCT FROM k.holder RETURNING t.*"
+    " AND (t.id IS DISTINCT FROM k.holder OR (k.lapsed AND t.attempts >= $6)) RETURNING t.*)"
+    " SELECT true AS resumed, * FROM resumed UNION ALL SELECT false AS resumed, * FROM failed"
 )
 
-# the plan per conversation ($1-$4), the failed turns ($5-$8); $9 now, $10 replica, $11 starting,
-# $12 the turns of the holders cleared
+# the plan per conversation ($1-$5), the recovered turns' events ($6-$10); $11 now, $12 replica,
+# $13 starting, $14 the turns of the holders cleared, $15 the turns taken over, $16 their lease
 _SETTLE = (
-    "WITH plan AS (SELECT * FROM unnest($1::text[], $2::int[], $3::bool[], $4::bool[])"
-    " AS p (id, failed, clear, idle)),"
-    " changed AS (UPDATE conversations c SET event_seq = c.event_seq + p.failed,"
+    "WITH plan AS (SELECT * FROM unnest($1::text[], $2::int[], $3::bool[], $4::bool[], $5::bool[])"
+    " AS p (id, events, clear, idle, resume)),"
+    " changed AS (UPDATE conversations c SET event_seq = c.event_seq + p.events,"
     " holder_turn = CASE WHEN p.clear THEN NULL ELSE c.holder_turn END,"
-    " holder_replica = CASE WHEN p.clear THEN NULL ELSE c.holder_replica END,"
-    " lease_until = CASE WHEN p.clear THEN NULL ELSE c.lease_until END,"
+    " holder_replica = CASE WHEN p.resume THEN $12 WHEN p.clear THEN NULL ELSE c.holder_replica END,"
+    " lease_until = CASE WHEN p.resume THEN $16 WHEN p.clear THEN NULL ELSE c.lease_until END,"
+    " fence = CASE WHEN p.resume THEN c.fence + 1 ELSE c.fence END,"
     " status = CASE WHEN p.idle THEN 'idle' ELSE c.status END,"
-    " updated_at = CASE WHEN p.idle THEN $9 ELSE c.updated_at END"
-    " FROM plan p WHERE c.id = p.id RETURNING c.id, c.event_seq - p.failed AS base),"
-    " ended AS (SELECT * FROM unnest($5::text[], $6::text[], $7::int[], $8::text[])"
-    " AS e (turn_id, conversation_id, k, data)),"
+    " updated_at = CASE WHEN p.idle THEN $11 ELSE c.updated_at END"
+    " FROM plan p WHERE c.id = p.id RETURNING c.id, c.event_seq - p.events AS base, c.fence),"
+    " ended AS (SELECT * FROM unnest($6::text[], $7::text[], $8::int[], $9::text[], $10::text[])"
+    " AS e (turn_id, conversation_id, k, name, data)),"
     " logged AS (INSERT INTO events (conversation_id, seq, name, data, created_at)"
-    " SELECT e.conversation_id, c.base + e.k, 'turn.failed', e.data, $9"
+    " SELECT e.conversation_id, c.base + e.k, e.name, e.data, $11"
     " FROM ended e JOIN changed c ON c.id = e.conversation_id),"
-    " cancelled AS (UPDATE permissions SET status = 'cancelled', decided_by = 'recovery', decided_at = $9"
-    " WHERE status = 'pending' AND turn_id = ANY($5::text[])),"
-    " gone AS (DELETE FROM admissions WHERE position IN (SELECT position FROM admissions"
-    " WHERE conversation_id = ANY($1::text[]) AND ((replica <> $10 AND lease_until < $9)"
-    " OR (replica = $10 AND $11) OR turn_id = ANY($12::text[])) ORDER BY position FOR UPDATE)"
+    # a turn taken over keeps its pending permissions (and its queue entry, now this replica's)
+    " cancelled AS (UPDATE permissions SET status = 'cancelled', decided_by = 'recovery', decided_at = $11"
+    " WHERE status = 'pending' AND turn_id IN (SELECT turn_id FROM ended WHERE name = 'turn.failed')),"
+    " entries AS (SELECT position, turn_id = ANY($15::text[]) AS kept FROM admissions"
+    " WHERE conversation_id = ANY($1::text[]) AND (turn_id = ANY($15::text[])"
+    " OR (replica <> $12 AND lease_until < $11) OR (replica = $12 AND $13) OR turn_id = ANY($14::text[]))"
+    " ORDER BY position FOR UPDATE),"
+    " reowned AS (UPDATE admissions SET replica = $12, lease_until = $16"
+    " WHERE position IN (SELECT position FROM entries WHERE kept)),"
+    " gone AS (DELETE FROM admissions WHERE position IN (SELECT position FROM entries WHERE NOT kept)"
     " RETURNING conversation_id)"
-    " SELECT id, base, ARRAY(SELECT DISTINCT conversation_id FROM gone) AS emptied FROM changed"
+    " SELECT id, base, fence, ARRAY(SELECT DISTINCT conversation_id FROM gone) AS emptied FROM changed"
 )
 
 
@@ -165,9 +198,12 @@ class CoordinationTables(PostgresBase):
             return Claim(superseded=True)
         return Claim(fence=row["fence"])
 
-    async def release(self, conversation_id: str, turn_id: str) -> None:
-        """Leave the queue and let the next one in; one statement, with its "queue" notice."""
-        await self._write(_RELEASE, conversation_id, turn_id, self.replica)
+    async def release(self, conversation_id: str, turn_id: str, *, fence: int | None = None) -> None:
+        """Leave the queue and let the next one in; one statement, with its "queue" notice (fenced too)."""
+        if fence is None:
+            await self._write(_RELEASE, conversation_id, turn_id, self.replica)
+        elif not await self._write(_RELEASE_FENCED, conversation_id, turn_id, self.replica, fence):
+            raise lease_lost(turn_id, conversation_id, fence)
 
     async def holder(self, conversation_id: str) -> Holder | None:
         return _holder(await self._read_row(_HOLDER, conversation_id))
@@ -175,42 +211,52 @@ class CoordinationTables(PostgresBase):
     async def renew_leases(self, lease_until: float) -> None:
         await self._write(_RENEW, lease_until, self.replica)
 
-    async def recover_lapsed(self, now: float, *, starting: bool = False) -> list[Recovered]:
-        """End the turns of holders whose lease lapsed (see `Store`); one read when there are none."""
+    async def recover_lapsed(self, now: float, *, starting: bool = False, lease_until: float = 0.0,
+                             max_attempts: int = 0) -> list[Recovered]:
+        """Take over, or end, the turns of holders whose lease lapsed (see `Store`); one read when there
+        are none."""
         candidates = [row[0] for row in await self._read(_CANDIDATES, now, self.replica, starting)]
         if not candidates:
             return []
         async with self._transaction() as tx:
-            return await self._recover(tx, candidates, now, starting)
+            return await self._recover(tx, candidates, now, starting, lease_until, max_attempts)
 
-    async def _recover(self, tx: Transaction, candidates: list[str], now: float,
-                       starting: bool) -> list[Recovered]:
+    async def _recover(self, tx: Transaction, candidates: list[str], now: float, starting: bool,
+                       lease_until: float, max_attempts: int) -> list[Recovered]:
         locked = await tx.fetch(
             "SELECT id, holder_turn, holder_replica, lease_until FROM conversations"
             " WHERE id = ANY($1::text[]) ORDER BY id FOR NO KEY UPDATE", candidates)
-        cleared = {row["id"]: row["holder_turn"] for row in locked if self._lapsed(row, now, starting)}
-        keeps = {row["id"]: None if row["id"] in cleared else row["holder_turn"] for row in locked}
-        failed = [turn_record(row) for row in await tx.fetch(
-            _FAIL, list(keeps), list(keeps.values()), dumps(INTERRUPTED), now)]
-        failed.sort(key=lambda t: (t.started_at, t.id))
+        holders = {row["id"]: row["holder_turn"] for row in locked}
+        lapsed = {row["id"] for row in locked if self._lapsed(row, now, starting)}
+        ids = list(holders)
+        rows = await tx.fetch(_RESUME_OR_FAIL, ids, list(holders.values()), [c in lapsed for c in ids],
+                              dumps(INTERRUPTED), now, max_attempts)
+        turns = sorted(((row["resumed"], turn_record({k: v for k, v in row.items() if k != "resumed"}))
+                        for row in rows), key=lambda r: (r[1].started_at, r[1].id))
+        resumed = {t.conversation_id for again, t in turns if again}
+        cleared = {c: holders[c] for c in lapsed if c not in resumed}
         by_conversation: dict[str, list[str]] = defaultdict(list)
-        for turn in failed:
+        for _, turn in turns:
             by_conversation[turn.conversation_id].append(turn.id)
-        ids = list(keeps)
-        idle = [c in cleared or (bool(by_conversation[c]) and keeps[c] is None) for c in ids]
-        ks = [by_conversation[t.conversation_id].index(t.id) + 1 for t in failed]  # its place in its own
-        rows = await tx.fetch(
+        idle = [c not in resumed and (c in cleared or (bool(by_conversation[c]) and holders[c] is None))
+                for c in ids]
+        ks = [by_conversation[t.conversation_id].index(t.id) + 1 for _, t in turns]  # its place in its own
+        names = ["turn.resumed" if again else "turn.failed" for again, _ in turns]
+        data = [dumps({"turn_id": t.id, "attempt": t.attempts} if again
+                      else {"turn_id": t.id, "error": INTERRUPTED}) for again, t in turns]
+        settled = await tx.fetch(
             _SETTLE, ids, [len(by_conversation[c]) for c in ids], [c in cleared for c in ids], idle,
-            [t.id for t in failed], [t.conversation_id for t in failed],
-            ks,
-            [dumps({"turn_id": t.id, "error": INTERRUPTED}) for t in failed],
-            now, self.replica, starting, list(cleared.values()))
-        bases = {row["id"]: row["base"] for row in rows}
-        emptied = set(rows[0]["emptied"]) if rows else set()
-        recovered = [Recovered(turn=t, seq=bases[t.conversation_id] + k)
-                     for t, k in zip(failed, ks, strict=True)]
-        notices = [{"t": "event", "c": r.turn.conversation_id, "s": r.seq, "n": "turn.failed"}
-                   for r in recovered]
+            [c in resumed for c in ids],
+            [t.id for _, t in turns], [t.conversation_id for _, t in turns], ks, names, data,
+            now, self.replica, starting, list(cleared.values()),
+            [holders[c] for c in ids if c in resumed], lease_until)
+        bases = {row["id"]: (row["base"], row["fence"]) for row in settled}
+        emptied = set(settled[0]["emptied"]) if settled else set()
+        recovered = [Recovered(turn=t, seq=bases[t.conversation_id][0] + k, resumed=again,
+                               fence=bases[t.conversation_id][1] if again else 0)
+                     for (again, t), k in zip(turns, ks, strict=True)]
+        notices = [{"t": "event", "c": r.turn.conversation_id, "s": r.seq, "n": name}
+                   for r, name in zip(recovered, names, strict=True)]
         notices += [{"t": "status", "c": c, "st": "idle"} for c, now_idle in zip(ids, idle, strict=True)
                     if now_idle]
         notices += [{"t": "queue", "c": c} for c in ids if c in cleared or c in emptied]
@@ -218,6 +264,10 @@ class CoordinationTables(PostgresBase):
             payloads = [json.dumps({**n, "r": self.replica}, separators=(",", ":")) for n in notices]
             await tx.execute("SELECT pg_notify($1, n) FROM unnest($2::text[]) AS n", CHANNEL, payloads)
         return recovered
+
+    async def hand_over(self, conversation_id: str, turn_id: str, fence: int) -> None:
+        """Let the lease lapse now, if `fence` still holds, with a "handoff" notice; one statement."""
+        await self._write(_HAND_OVER, conversation_id, turn_id, fence, self.replica)
 
     def _lapsed(self, row: asyncpg.Record, now: float, starting: bool) -> bool:
         if row["holder_turn"] is None:

@@ -25,7 +25,7 @@ from typing import Any
 import asyncpg
 
 from ..canonical import thaw
-from ..errors import StorageError
+from ..errors import LeaseLost, StorageError
 from .stats import StoreStats
 
 CHANNEL = "corral"  # the LISTEN/NOTIFY channel every replica of one database shares
@@ -52,6 +52,12 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, asyncpg.PostgresError):
         return f"the store could not commit: PostgreSQL error {exc.sqlstate} ({type(exc).__name__})"
     return f"the store could not commit: the connection to PostgreSQL failed ({type(exc).__name__})"
+
+
+def lease_lost(turn_id: str, conversation_id: str | None, fence: int) -> LeaseLost:
+    """What a fenced write raises when its fence no longer holds (the words of the SQLite store's)."""
+    conversation = "its conversation" if conversation_id is None else f"conversation {conversation_id}"
+    return LeaseLost(f"turn {turn_id} no longer holds {conversation} under fence {fence}")
 
 
 class Transaction:

@@ -16,7 +16,7 @@ from .base import ConversationRecord, TurnRecord
 CONVERSATION_COLUMNS = ("id, agent, agent_name, digest, pinned, title, metadata, status, created_at,"
                         " updated_at")
 TURN_COLUMNS = ("id, conversation_id, agent, digest, status, input, output, stop_reason, usage, error,"
-                " idempotency_key, request_digest, started_at, ended_at")
+                " idempotency_key, request_digest, started_at, ended_at, attempts")
 # what update_turn may change; the JSON ones are encoded on the way in
 TURN_UPDATES = frozenset({"status", "output", "stop_reason", "usage", "error", "ended_at", "idempotency_key"})
 TURN_JSON = frozenset({"usage", "error"})

@@ -158,6 +158,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             mode integer NOT NULL
         )""",
     ),
+    # 2: durable turns: how many times a turn has run (a turn taken over after a crash runs again)
+    (
+        "ALTER TABLE turns ADD COLUMN attempts integer NOT NULL DEFAULT 1",
+    ),
 )
 
 

@@ -10,6 +10,15 @@ A statement that writes several tables keeps the store's lock order
 (conversation row first, see `postgres_coordination`): its other writes are
 made to depend on the counter's row (`EXISTS (SELECT FROM counter)`), so they
 run once that row is locked.
+
+Fencing (`fence=`) stays one statement: the guard is the conversation's row
+itself, `WHERE id = ... AND holder_turn = ... AND holder_replica = ... AND
+fence = ...` on the counter's `UPDATE` (or on a `FOR NO KEY UPDATE` read for
+`update_turn`), and every other write depends on that row. The row lock
+serializes the check with a take-over (`recover_lapsed` locks the same row),
+and a statement that waited for the lock rechecks the condition on the row
+as the take-over left it; so a write either commits under the fence or
+writes nothing, and the method raises `LeaseLost`.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ import asyncpg
 from ..errors import DuplicateIdempotencyKey
 from ..messages import Message, message_from_json
 from .base import EventRecord, MessageRecord, TurnRecord
-from .postgres_pool import PostgresBase, dumps, notice_sql
+from .postgres_pool import PostgresBase, dumps, lease_lost, notice_sql
 from .postgres_rows import TURN_COLUMNS, TURN_JSON, TURN_UPDATES, turn_record
 
 
@@ -31,66 +40,108 @@ def _event_notice(replica: str) -> str:
     return notice_sql("event", r=f"{replica}::text", c="conversation_id", s="seq", n="name")
 
 
-_BUSY = notice_sql("status", r="$18::text", c="$2::text", st="'busy'")
+_BUSY = notice_sql("status", r="$19::text", c="$2::text", st="'busy'")
 
-# $1 conversation, $2 turn, $3 message bodies, $4 event names, $5 event data, $6 now, $7 replica
-_APPEND = (
-    "WITH counter AS (UPDATE conversations SET message_seq = message_seq + cardinality($3::text[]),"
-    " event_seq = event_seq + cardinality($4::text[]),"
-    " updated_at = CASE WHEN cardinality($3::text[]) > 0 THEN $6 ELSE updated_at END WHERE id = $1"
-    " RETURNING message_seq - cardinality($3::text[]) AS messages,"
-    " event_seq - cardinality($4::text[]) AS events),"
-    # a conversation that does not exist fails on the foreign key (numbers from 1), as in SQLite
-    " transcript AS (INSERT INTO messages (conversation_id, seq, turn_id, body, created_at)"
-    " SELECT $1, COALESCE((SELECT messages FROM counter), 0) + m.n, $2, m.body, $6"
-    " FROM unnest($3::text[]) WITH ORDINALITY AS m (body, n)),"
-    " stored AS (INSERT INTO events (conversation_id, seq, name, data, created_at)"
-    " SELECT $1, COALESCE((SELECT events FROM counter), 0) + e.n, e.name, e.data, $6"
-    " FROM unnest($4::text[], $5::text[]) WITH ORDINALITY AS e (name, data, n)"
-    " RETURNING conversation_id, seq, name)"
-    f" SELECT seq, {_event_notice('$7')} FROM stored ORDER BY seq"
-)
 
-# the turn ($1-$14), then $15 its event's name, $16 its data, $17 now, $18 replica
+def _append_sql(fenced: bool) -> str:
+    """$1 conversation, $2 turn, $3 message bodies, $4 event names, $5 event data, $6 now, $7 replica;
+    `fenced`: $8 the fence, and nothing is written unless ($2, $7, $8) holds the conversation, which
+    the first row's `held` says (one row at least, its `seq` NULL when there are no events)."""
+    guard = " AND holder_turn = $2 AND holder_replica = $7 AND fence = $8" if fenced else ""
+    # unfenced, a conversation that does not exist fails on the foreign key (numbers from 1), as in
+    # SQLite; fenced, the counter's row is the guard: no row, no rows to insert
+    source = "FROM counter c, " if fenced else "FROM "
+    first_message = "c.messages" if fenced else "COALESCE((SELECT messages FROM counter), 0)"
+    first_event = "c.events" if fenced else "COALESCE((SELECT events FROM counter), 0)"
+    if fenced:
+        result = ("SELECT EXISTS (SELECT FROM counter) AS held, s.seq,"
+                  f" CASE WHEN s.seq IS NOT NULL THEN {_event_notice('$7')} END"
+                  " FROM (SELECT) AS one LEFT JOIN stored s ON true ORDER BY s.seq")
+    else:
+        result = f"SELECT seq, {_event_notice('$7')} FROM stored ORDER BY seq"
+    return (
+        "WITH counter AS (UPDATE conversations SET message_seq = message_seq + cardinality($3::text[]),"
+        " event_seq = event_seq + cardinality($4::text[]),"
+        " updated_at = CASE WHEN cardinality($3::text[]) > 0 THEN $6 ELSE updated_at END"
+        f" WHERE id = $1{guard}"
+        " RETURNING message_seq - cardinality($3::text[]) AS messages,"
+        " event_seq - cardinality($4::text[]) AS events),"
+        " transcript AS (INSERT INTO messages (conversation_id, seq, turn_id, body, created_at)"
+        f" SELECT $1, {first_message} + m.n, $2, m.body, $6"
+        f" {source}unnest($3::text[]) WITH ORDINALITY AS m (body, n)),"
+        " stored AS (INSERT INTO events (conversation_id, seq, name, data, created_at)"
+        f" SELECT $1, {first_event} + e.n, e.name, e.data, $6"
+        f" {source}unnest($4::text[], $5::text[]) WITH ORDINALITY AS e (name, data, n)"
+        " RETURNING conversation_id, seq, name)"
+        f" {result}"
+    )
+
+
+_APPEND = _append_sql(False)
+_APPEND_FENCED = _append_sql(True)
+
+# the turn ($1-$15), then $16 its event's name, $17 its data, $18 now, $19 replica
 _BEGIN_TURN = (
     f"WITH created AS (INSERT INTO turns ({TURN_COLUMNS})"
-    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)),"
-    " counter AS (UPDATE conversations SET event_seq = event_seq + 1, status = 'busy', updated_at = $17"
+    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)),"
+    " counter AS (UPDATE conversations SET event_seq = event_seq + 1, status = 'busy', updated_at = $18"
     " WHERE id = $2 RETURNING id, status, event_seq),"
     " stored AS (INSERT INTO events (conversation_id, seq, name, data, created_at)"
-    " VALUES ($2, COALESCE((SELECT event_seq FROM counter), 0), $15, $16, $17)"
+    " VALUES ($2, COALESCE((SELECT event_seq FROM counter), 0), $16, $17, $18)"
     " RETURNING conversation_id, seq, name)"
-    f" SELECT seq, {_BUSY}, {_event_notice('$18')} FROM stored"
+    f" SELECT seq, {_BUSY}, {_event_notice('$19')} FROM stored"
 )
 _IDLE = notice_sql("status", r="$6::text", c="$2::text", st="'idle'")
 _QUEUE = notice_sql("queue", r="$6::text", c="$2::text")
 
 
-def _end_turn_sql(columns: list[str]) -> str:
-    """$1 turn, $2 conversation, $3 event name, $4 data, $5 now, $6 replica, then the turn's changes."""
-    assignments = ", ".join(f"{column} = ${n}" for n, column in enumerate(columns, start=7))
+def _end_turn_sql(columns: list[str], fenced: bool = False) -> str:
+    """$1 turn, $2 conversation, $3 event name, $4 data, $5 now, $6 replica, then the turn's changes;
+    `fenced`: $7 the fence (the changes follow it), and nothing is written, no row returned, unless
+    ($1, $6, $7) holds the conversation."""
+    first = 8 if fenced else 7
+    assignments = ", ".join(f"{column} = ${n}" for n, column in enumerate(columns, start=first))
     changed = (f" changed AS (UPDATE turns SET {assignments} WHERE id = $1"
                " AND EXISTS (SELECT FROM counter)),") if columns else ""
+    guard = " AND holder_turn = $1 AND holder_replica = $6 AND fence = $7" if fenced else ""
+    # unfenced, a conversation that does not exist fails on the foreign key, as in SQLite
+    event = ("SELECT $2, event_seq, $3, $4, $5 FROM counter" if fenced
+             else "VALUES ($2, COALESCE((SELECT event_seq FROM counter), 0), $3, $4, $5)")
     return (
         "WITH counter AS (UPDATE conversations SET event_seq = event_seq + 1, status = 'idle',"
         " updated_at = $5,"
         " holder_turn = CASE WHEN holder_turn = $1 THEN NULL ELSE holder_turn END,"
         " holder_replica = CASE WHEN holder_turn = $1 THEN NULL ELSE holder_replica END,"
         " lease_until = CASE WHEN holder_turn = $1 THEN NULL ELSE lease_until END"
-        " WHERE id = $2 RETURNING event_seq),"
+        f" WHERE id = $2{guard} RETURNING event_seq),"
         f"{changed}"
         " dropped AS (DELETE FROM admissions WHERE turn_id = $1 AND EXISTS (SELECT FROM counter)),"
-        " stored AS (INSERT INTO events (conversation_id, seq, name, data, created_at)"
-        " VALUES ($2, COALESCE((SELECT event_seq FROM counter), 0), $3, $4, $5)"
+        f" stored AS (INSERT INTO events (conversation_id, seq, name, data, created_at) {event}"
         " RETURNING conversation_id, seq, name)"
         f" SELECT seq, {_event_notice('$6')}, {_IDLE}, {_QUEUE} FROM stored"
+    )
+
+
+def _update_turn_sql(columns: list[str], fenced: bool) -> str:
+    """$1 turn, then the changes; `fenced`: $2 replica, $3 fence (the changes follow), one row: `held`."""
+    first = 4 if fenced else 2
+    # names come from the whitelist
+    assignments = ", ".join(f"{column} = ${n}" for n, column in enumerate(columns, start=first))
+    if not fenced:
+        return f"UPDATE turns SET {assignments} WHERE id = $1"
+    # the conversation's row first (the store's lock order), locked: a take-over waits, or is waited for
+    return (
+        "WITH held AS (SELECT 1 FROM conversations WHERE id = (SELECT conversation_id FROM turns"
+        " WHERE id = $1) AND holder_turn = $1 AND holder_replica = $2 AND fence = $3 FOR NO KEY UPDATE),"
+        f" changed AS (UPDATE turns SET {assignments} WHERE id = $1 AND EXISTS (SELECT FROM held))"
+        " SELECT EXISTS (SELECT FROM held) AS held"
     )
 
 
 def _turn_values(t: TurnRecord) -> tuple[Any, ...]:
     return (t.id, t.conversation_id, t.agent, t.digest, t.status, t.input, t.output, t.stop_reason,
             dumps(t.usage), None if t.error is None else dumps(t.error), t.idempotency_key,
-            t.request_digest, t.started_at, t.ended_at)
+            t.request_digest, t.started_at, t.ended_at, t.attempts)
 
 
 def _changes(changes: dict[str, Any]) -> tuple[list[str], list[Any]]:
@@ -116,18 +167,22 @@ class TurnTables(PostgresBase):
         """Insert a turn; raise `DuplicateIdempotencyKey` if its key is taken in the conversation."""
         try:
             await self._write(f"INSERT INTO turns ({TURN_COLUMNS})"
-                              " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+                              " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
                               *_turn_values(turn))
         except asyncpg.UniqueViolationError as exc:
             raise _duplicate(exc, turn) from None
 
-    async def update_turn(self, turn_id: str, **changes: Any) -> None:
+    async def update_turn(self, turn_id: str, *, fence: int | None = None, **changes: Any) -> None:
+        """Set only the given columns; with `fence`, only while this turn holds its conversation under it."""
         columns, values = _changes(changes)
         if not columns:
             return
-        # names come from the whitelist
-        assignments = ", ".join(f"{column} = ${n}" for n, column in enumerate(columns, start=2))
-        await self._write(f"UPDATE turns SET {assignments} WHERE id = $1", turn_id, *values)
+        if fence is None:
+            await self._write(_update_turn_sql(columns, False), turn_id, *values)
+            return
+        rows = await self._write(_update_turn_sql(columns, True), turn_id, self.replica, fence, *values)
+        if not rows[0]["held"]:
+            raise lease_lost(turn_id, None, fence)
 
     async def get_turn(self, turn_id: str) -> TurnRecord | None:
         row = await self._read_row(f"SELECT {TURN_COLUMNS} FROM turns WHERE id = $1", turn_id)
@@ -173,14 +228,19 @@ class TurnTables(PostgresBase):
         return seq
 
     async def append(self, conversation_id: str, turn_id: str, messages: list[Message],
-                     events: list[tuple[str, dict[str, Any]]], now: float) -> list[int]:
-        """Messages and events together, numbered, with the events' notices: one statement."""
+                     events: list[tuple[str, dict[str, Any]]], now: float,
+                     *, fence: int | None = None) -> list[int]:
+        """Messages and events together, numbered, with the events' notices: one statement (fenced too)."""
         if not messages and not events:
             return []
-        rows = await self._write(
-            _APPEND, conversation_id, turn_id, [dumps(m.to_json()) for m in messages],
-            [name for name, _ in events], [dumps(data) for _, data in events], now, self.replica)
-        return [row["seq"] for row in rows]
+        args = (conversation_id, turn_id, [dumps(m.to_json()) for m in messages],
+                [name for name, _ in events], [dumps(data) for _, data in events], now, self.replica)
+        if fence is None:
+            return [row["seq"] for row in await self._write(_APPEND, *args)]
+        rows = await self._write(_APPEND_FENCED, *args, fence)
+        if not rows[0]["held"]:
+            raise lease_lost(turn_id, conversation_id, fence)
+        return [row["seq"] for row in rows if row["seq"] is not None]
 
     async def list_messages(self, conversation_id: str, *, limit: int = 1000,
                             after: int = 0) -> list[MessageRecord]:
@@ -216,10 +276,16 @@ class TurnTables(PostgresBase):
         return rows[0]["seq"]
 
     async def end_turn(self, turn_id: str, conversation_id: str, changes: dict[str, Any],
-                       event: tuple[str, dict[str, Any]], now: float) -> int:
-        """The turn's ending, its event, its conversation idle and released, their notices: one statement."""
+                       event: tuple[str, dict[str, Any]], now: float, *, fence: int | None = None) -> int:
+        """The turn's ending, its event, its conversation idle and released, their notices: one statement
+        (fenced too: no row back when the fence no longer holds, and nothing written)."""
         columns, values = _changes(changes)
         name, data = event
-        rows = await self._write(_end_turn_sql(columns), turn_id, conversation_id, name, dumps(data), now,
-                                 self.replica, *values)
+        args = (turn_id, conversation_id, name, dumps(data), now, self.replica)
+        if fence is None:
+            rows = await self._write(_end_turn_sql(columns), *args, *values)
+        else:
+            rows = await self._write(_end_turn_sql(columns, fenced=True), *args, fence, *values)
+            if not rows:
+                raise lease_lost(turn_id, conversation_id, fence)
         return rows[0]["seq"]

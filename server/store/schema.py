@@ -143,6 +143,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             mode INTEGER NOT NULL
         )""",
     ),
+    # 6: durable turns: how many times a turn has run (a turn taken over after a crash runs again)
+    (
+        "ALTER TABLE turns ADD COLUMN attempts INTEGER NOT NULL DEFAULT 1",
+    ),
 )
 
 

@@ -50,7 +50,7 @@ from .base import (
 )
 from .schema import migrate
 from .sqlite_audit import AuditTables
-from .sqlite_coordination import CoordinationTables, release_turn
+from .sqlite_coordination import CoordinationTables, check_fence, release_turn
 from .sqlite_deployments import DeploymentTables
 from .stats import StoreStats
 
@@ -229,12 +229,15 @@ class SQLiteStore(DeploymentTables, AuditTables, CoordinationTables):
         with self._write() as db:
             _insert_turn(db, turn)
 
-    async def update_turn(self, turn_id: str, **changes: Any) -> None:
+    async def update_turn(self, turn_id: str, *, fence: int | None = None, **changes: Any) -> None:
         """Set only the given columns, each one of `_TURN_COLUMNS`."""
         _check_turn_changes(changes)
         if not changes:
             return
         with self._write() as db:
+            if fence is not None:
+                row = db.execute("SELECT conversation_id FROM turns WHERE id = ?", (turn_id,)).fetchone()
+                check_fence(db, row[0] if row else "", turn_id, fence, self.replica)
             _update_turn(db, turn_id, changes)
 
     async def get_turn(self, turn_id: str) -> TurnRecord | None:
@@ -301,18 +304,23 @@ class SQLiteStore(DeploymentTables, AuditTables, CoordinationTables):
             return _insert_events(db, turn.conversation_id, [event], now)[0]
 
     async def append(self, conversation_id: str, turn_id: str, messages: list[Message],
-                     events: list[tuple[str, dict[str, Any]]], now: float) -> list[int]:
+                     events: list[tuple[str, dict[str, Any]]], now: float,
+                     *, fence: int | None = None) -> list[int]:
         if not messages and not events:
             return []
         with self._write() as db:
+            if fence is not None:
+                check_fence(db, conversation_id, turn_id, fence, self.replica)
             if messages:
                 _insert_messages(db, conversation_id, turn_id, messages, now)
             return _insert_events(db, conversation_id, events, now) if events else []
 
     async def end_turn(self, turn_id: str, conversation_id: str, changes: dict[str, Any],
-                       event: tuple[str, dict[str, Any]], now: float) -> int:
+                       event: tuple[str, dict[str, Any]], now: float, *, fence: int | None = None) -> int:
         _check_turn_changes(changes)
         with self._write() as db:
+            if fence is not None:
+                check_fence(db, conversation_id, turn_id, fence, self.replica)
             if changes:
                 _update_turn(db, turn_id, changes)
             seq = _insert_events(db, conversation_id, [event], now)[0]
@@ -373,11 +381,11 @@ def _insert_turn(db: sqlite3.Connection, t: TurnRecord) -> None:
         raise DuplicateIdempotencyKey(t.idempotency_key)
     db.execute(
         "INSERT INTO turns (id, conversation_id, agent, digest, status, input, output, stop_reason,"
-        " usage, error, idempotency_key, request_digest, started_at, ended_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " usage, error, idempotency_key, request_digest, started_at, ended_at, attempts)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (t.id, t.conversation_id, t.agent, t.digest, t.status, t.input, t.output, t.stop_reason,
          _dumps(t.usage), None if t.error is None else _dumps(t.error), t.idempotency_key,
-         t.request_digest, t.started_at, t.ended_at),
+         t.request_digest, t.started_at, t.ended_at, t.attempts),
     )
 
 

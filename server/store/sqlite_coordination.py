@@ -13,7 +13,9 @@ import json
 import sqlite3
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from typing import Any
 
+from ..errors import LeaseLost
 from .base import Admitted, Claim, Holder, Notice, Recovered, ReplicaRecord, StoredFile, TurnRecord
 
 INTERRUPTED = {"code": "interrupted", "message": "the server stopped while this turn was running"}
@@ -73,8 +75,10 @@ class CoordinationTables:
             fence = _hold(db, conversation_id, turn_id, self.replica, lease_until)
         return Claim(fence=fence)
 
-    async def release(self, conversation_id: str, turn_id: str) -> None:
+    async def release(self, conversation_id: str, turn_id: str, *, fence: int | None = None) -> None:
         with self._write() as db:
+            if fence is not None:
+                check_fence(db, conversation_id, turn_id, fence, self.replica)
             release_turn(db, conversation_id, turn_id)
 
     async def holder(self, conversation_id: str) -> Holder | None:
@@ -86,16 +90,14 @@ class CoordinationTables:
                        " AND holder_turn IS NOT NULL", (lease_until, self.replica))
             db.execute("UPDATE admissions SET lease_until = ? WHERE replica = ?", (lease_until, self.replica))
 
-    async def recover_lapsed(self, now: float, *, starting: bool = False) -> list[Recovered]:
+    async def recover_lapsed(self, now: float, *, starting: bool = False, lease_until: float = 0.0,
+                             max_attempts: int = 0) -> list[Recovered]:
         everything = starting and self.embedded
         with self._write() as db:
             held = dict(db.execute(
                 "SELECT id, holder_turn FROM conversations WHERE holder_turn IS NOT NULL AND (? OR"
                 " (holder_replica = ? AND ?) OR (holder_replica != ? AND lease_until < ?))",
                 (everything, self.replica, starting, self.replica, now)).fetchall())
-            lapsed = set(held)
-            # the cleared holders' queue entries go with them: one that outlived its lease would block
-            db.executemany("DELETE FROM admissions WHERE turn_id = ?", [(t,) for t in held.values()])
             # a lapsed holder's turn, and any turn left running that holds nothing (a crash between
             # the claim and the turn's row cannot leave one; an older schema's crash can)
             rows = [dict(row) for row in db.execute(
@@ -104,37 +106,42 @@ class CoordinationTables:
                 " AND (c.holder_turn IS NULL OR c.holder_turn != t.id)"
                 " UNION SELECT t.* FROM turns t JOIN conversations c ON c.holder_turn = t.id"
                 " WHERE t.status IN ('running', 'waiting') AND c.id IN"
-                f" ({','.join('?' * len(lapsed))})", tuple(lapsed))]
+                f" ({','.join('?' * len(held))}) ORDER BY started_at, id", tuple(held))]
             recovered: list[Recovered] = []
             for fields in rows:
-                conversation_id = fields["conversation_id"]
-                db.execute("UPDATE turns SET status = 'failed', error = ?, ended_at = ? WHERE id = ?",
-                           (json.dumps(INTERRUPTED), now, fields["id"]))
-                db.execute("UPDATE permissions SET status = 'cancelled', decided_by = 'recovery',"
-                           " decided_at = ? WHERE turn_id = ? AND status = 'pending'", (now, fields["id"]))
-                (last,) = db.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE conversation_id = ?",
-                                     (conversation_id,)).fetchone()
-                db.execute("INSERT INTO events (conversation_id, seq, name, data, created_at)"
-                           " VALUES (?, ?, 'turn.failed', ?, ?)",
-                           (conversation_id, last + 1,
-                            json.dumps({"turn_id": fields["id"], "error": INTERRUPTED}), now))
-                fields.update(status="failed", error=INTERRUPTED, ended_at=now,
-                              usage=json.loads(fields["usage"]))
-                recovered.append(Recovered(turn=TurnRecord(**fields), seq=last + 1))
-            idle = lapsed | {r.turn.conversation_id for r in recovered}
+                fields["usage"] = json.loads(fields["usage"])
+                # only a lapsed holder's turn runs again; a turn running without holding is an anomaly
+                holds = held.get(fields["conversation_id"]) == fields["id"]
+                again = holds and fields["attempts"] < max_attempts
+                recovered.append(_take_over(db, fields, self.replica, now, lease_until) if again
+                                 else _fail(db, fields, now))
+            resumed = {r.turn.conversation_id for r in recovered if r.resumed}
+            # the cleared holders' queue entries go with them: one that outlived its lease would block
+            db.executemany("DELETE FROM admissions WHERE turn_id = ?",
+                           [(t,) for c, t in held.items() if c not in resumed])
+            idle = (set(held) | {r.turn.conversation_id for r in recovered}) - resumed
             db.executemany(
                 "UPDATE conversations SET holder_turn = NULL, holder_replica = NULL, lease_until = NULL,"
                 " status = 'idle', updated_at = ? WHERE id = ? AND (holder_turn IS NULL OR id IN"
-                f" ({','.join('?' * len(lapsed))}))",
-                [(now, conversation_id, *lapsed) for conversation_id in idle])
-            if everything:  # nothing runs before an embedded store's one process starts
-                db.execute("UPDATE conversations SET status = 'idle', updated_at = ? WHERE status != 'idle'",
-                           (now,))
-                db.execute("DELETE FROM admissions")
+                f" ({','.join('?' * len(held))}))",
+                [(now, conversation_id, *held) for conversation_id in idle])
+            kept = tuple(held[c] for c in resumed)
+            marks = ",".join("?" * len(kept))
+            if everything:  # nothing else runs before an embedded store's one process starts
+                db.execute("UPDATE conversations SET status = 'idle', updated_at = ? WHERE status != 'idle'"
+                           " AND holder_turn IS NULL", (now,))
+                db.execute(f"DELETE FROM admissions WHERE turn_id NOT IN ({marks})", kept)
             else:
-                db.execute("DELETE FROM admissions WHERE (lease_until < ? AND replica != ?)"
-                           " OR (replica = ? AND ?)", (now, self.replica, self.replica, starting))
-        return sorted(recovered, key=lambda r: (r.turn.started_at, r.turn.id))
+                db.execute("DELETE FROM admissions WHERE ((lease_until < ? AND replica != ?)"
+                           f" OR (replica = ? AND ?)) AND turn_id NOT IN ({marks})",
+                           (now, self.replica, self.replica, starting, *kept))
+        return recovered
+
+    async def hand_over(self, conversation_id: str, turn_id: str, fence: int) -> None:
+        with self._write() as db:
+            db.execute("UPDATE conversations SET lease_until = 0 WHERE id = ? AND holder_turn = ?"
+                       " AND fence = ? AND holder_replica = ?",
+                       (conversation_id, turn_id, fence, self.replica))
 
     async def notify(self, notice: Notice) -> None:
         """Nowhere to send it: the embedded store has one process."""
@@ -174,6 +181,50 @@ class CoordinationTables:
     async def get_file(self, digest: str) -> StoredFile | None:
         row = self._db.execute("SELECT digest, data, mode FROM files WHERE digest = ?", (digest,)).fetchone()
         return None if row is None else StoredFile(digest=row[0], data=bytes(row[1]), mode=row[2])
+
+
+def check_fence(db: sqlite3.Connection, conversation_id: str, turn_id: str, fence: int,
+                replica: str) -> None:
+    """Raise `LeaseLost` unless the conversation's holder is still this turn, here, under `fence`."""
+    row = db.execute("SELECT holder_turn, holder_replica, fence FROM conversations WHERE id = ?",
+                     (conversation_id,)).fetchone()
+    if row is None or tuple(row) != (turn_id, replica, fence):
+        raise LeaseLost(f"turn {turn_id} no longer holds conversation {conversation_id} under fence {fence}")
+
+
+def _take_over(db: sqlite3.Connection, fields: dict[str, Any], replica: str, now: float,
+               lease_until: float) -> Recovered:
+    """This replica holds the turn's conversation now, to run the turn again (its next attempt)."""
+    conversation_id, attempt = fields["conversation_id"], fields["attempts"] + 1
+    db.execute("UPDATE turns SET attempts = ? WHERE id = ?", (attempt, fields["id"]))
+    fence = _hold(db, conversation_id, fields["id"], replica, lease_until)
+    db.execute("UPDATE admissions SET replica = ?, lease_until = ? WHERE turn_id = ?",
+               (replica, lease_until, fields["id"]))
+    seq = _event(db, conversation_id, "turn.resumed", {"turn_id": fields["id"], "attempt": attempt}, now)
+    fields["attempts"] = attempt
+    if fields["error"] is not None:
+        fields["error"] = json.loads(fields["error"])
+    return Recovered(turn=TurnRecord(**fields), seq=seq, resumed=True, fence=fence)
+
+
+def _fail(db: sqlite3.Connection, fields: dict[str, Any], now: float) -> Recovered:
+    """The turn ends as failed/interrupted: out of attempts, or not to be resumed."""
+    conversation_id = fields["conversation_id"]
+    db.execute("UPDATE turns SET status = 'failed', error = ?, ended_at = ? WHERE id = ?",
+               (json.dumps(INTERRUPTED), now, fields["id"]))
+    db.execute("UPDATE permissions SET status = 'cancelled', decided_by = 'recovery',"
+               " decided_at = ? WHERE turn_id = ? AND status = 'pending'", (now, fields["id"]))
+    seq = _event(db, conversation_id, "turn.failed", {"turn_id": fields["id"], "error": INTERRUPTED}, now)
+    fields.update(status="failed", error=INTERRUPTED, ended_at=now)
+    return Recovered(turn=TurnRecord(**fields), seq=seq)
+
+
+def _event(db: sqlite3.Connection, conversation_id: str, name: str, data: dict[str, Any], now: float) -> int:
+    (last,) = db.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE conversation_id = ?",
+                         (conversation_id,)).fetchone()
+    db.execute("INSERT INTO events (conversation_id, seq, name, data, created_at) VALUES (?, ?, ?, ?, ?)",
+               (conversation_id, last + 1, name, json.dumps(data), now))
+    return last + 1
 
 
 def release_turn(db: sqlite3.Connection, conversation_id: str, turn_id: str) -> None:

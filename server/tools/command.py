@@ -9,7 +9,9 @@ only, at call time, from `ctx.environ`: argv is readable by every local user
 argv is passed as written.
 
 The command gets the minimal environment of `confinement` plus its own
-`env`, never the server's. It runs in a session of its own; when it ends,
+`env`, never the server's, and `CORRAL_EXECUTION_KEY` when the call has a
+key: the same on every attempt of the call, so a script with side effects can
+recognize a repeat after a crash. It runs in a session of its own; when it ends,
 times out, or its caller is cancelled, the whole process group is killed, so
 nothing it started outlives the call. Resolved secret values are redacted
 from what it prints (and the guard redacts every other known secret).
@@ -67,12 +69,13 @@ class CommandTool:
         self.command = definition.command
         self.output_limit = output_limit
         self.spec = ToolSpec(definition.name, definition.description, definition.input_schema)
+        self.replay_safe = definition.replay_safe
 
     async def call(self, arguments: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
         secrets: set[str] = set()
         try:
             argv = self._argv(arguments, ctx)
-            env = self._env(ctx.environ, secrets)
+            env = self._env(ctx, secrets)
             cwd = self._cwd(ctx.root)
             return await self._run(argv, cwd, env, secrets)
         except MissingValue as exc:
@@ -93,9 +96,10 @@ class CommandTool:
                 raise CommandFailed(f"argv[{index}] holds a NUL byte, which a command argument cannot carry")
         return argv
 
-    def _env(self, environ: Mapping[str, str], secrets: set[str]) -> dict[str, str]:
-        return child_environment({name: resolve_tracked(value, environ, secrets)
-                                  for name, value in self.command.get("env", {}).items()})
+    def _env(self, ctx: ToolContext, secrets: set[str]) -> dict[str, str]:
+        return child_environment({name: resolve_tracked(value, ctx.environ, secrets)
+                                  for name, value in self.command.get("env", {}).items()},
+                                 execution_key=ctx.execution_key)
 
     def _cwd(self, root: Path) -> Path:
         cwd = root / self.command["cwd"] if self.command.get("cwd") else root

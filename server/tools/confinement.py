@@ -2,7 +2,9 @@
 
 Two halves. What goes in: a command tool or hook gets a minimal environment
 (`PATH`, `HOME`, `LANG`, `TZ`, `TMPDIR`) plus what its own definition names,
-never the server's whole environment and never a `CORRAL_*` setting. What
+never the server's whole environment and never a `CORRAL_*` setting; the one
+`CORRAL_*` variable it may get is `CORRAL_EXECUTION_KEY`, the key of the tool
+call it runs for (or guards), which is no secret and no setting. What
 comes out: the value of every secret the definition set references, and
 every API key, is cut from whatever a tool or hook returns before it is
 stored, streamed or sent to a model (`Redactor`).
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..compiler.templates import SECRET_REF
+from .base import EXECUTION_KEY_ENV
 
 INHERITED = ("PATH", "HOME", "LANG", "TZ", "TMPDIR")
 REDACTED = "[redacted]"
@@ -34,12 +37,15 @@ _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGN
 
 
 def child_environment(extra: Mapping[str, str] | None = None,
-                      environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of a command tool or hook: the minimal inherited set plus `extra`."""
+                      environ: Mapping[str, str] | None = None, *, execution_key: str = "") -> dict[str, str]:
+    """The environment of a command tool or hook: the minimal inherited set plus `extra`, and
+    `CORRAL_EXECUTION_KEY` when a tool call's key is given (`tools.base.execution_key`)."""
     source = os.environ if environ is None else environ
     env = {name: source[name] for name in INHERITED if name in source}
     env["PATH"] = program_path(source.get("PATH"))
     env.update(extra or {})
+    if execution_key:
+        env[EXECUTION_KEY_ENV] = execution_key
     return env
 
 

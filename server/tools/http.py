@@ -10,6 +10,10 @@ references are resolved at call time from `ctx.environ`, and their values are
 redacted from everything the tool returns: errors name the URL as written,
 with `${VAR}` in place of the value.
 
+A call with an execution key sends it as `Idempotency-Key` (the same on every
+attempt of the call, so an API that deduplicates on it does the work once),
+unless the tool's own `headers` set that header: the author's value wins.
+
 The response is read up to `response_limit` bytes (1 MiB) and no further.
 """
 
@@ -34,6 +38,7 @@ RESPONSE_LIMIT = 1024 * 1024
 EXCERPT_BYTES = 1000
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _WHOLE_PLACEHOLDER = re.compile(r"^\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 
 class RequestFailed(Exception):
@@ -106,14 +111,16 @@ class HttpTool:
         self.method = str(self.http.get("method", "GET")).upper()
         self.timeout = float(self.http.get("timeout_s", 30.0))
         self.spec = ToolSpec(definition.name, definition.description, definition.input_schema)
-        headers = self.http.get("headers", {}).values()
-        templates = [self.http["url"], *headers, *_strings(self.http.get("body"))]
+        self.replay_safe = definition.replay_safe
+        headers = self.http.get("headers", {})
+        templates = [self.http["url"], *headers.values(), *_strings(self.http.get("body"))]
         self.used = frozenset(name for template in templates for name in placeholders(template))
+        self.own_idempotency_key = any(name.lower() == IDEMPOTENCY_HEADER.lower() for name in headers)
 
     async def call(self, arguments: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
         filler = _Filler(arguments, ctx.environ)
         try:
-            request = self._build(filler)
+            request = self._build(filler, ctx.execution_key)
             return await self._send(request, filler.secrets)
         except MissingValue as exc:
             return ToolOutput(f"missing value for placeholder {{{exc.args[0]}}}", is_error=True)
@@ -122,7 +129,7 @@ class HttpTool:
         except RequestFailed as exc:
             return ToolOutput(redact(str(exc), filler.secrets), is_error=True)
 
-    def _build(self, filler: _Filler) -> _Request:
+    def _build(self, filler: _Filler, execution_key: str = "") -> _Request:
         url = filler.text(self.http["url"], _quote)
         headers = {}
         for name, template in self.http.get("headers", {}).items():
@@ -132,6 +139,8 @@ class HttpTool:
             if "\0" in value:
                 raise RequestFailed(f"header {name}: value contains a NUL byte")
             headers[name] = value
+        if execution_key and not self.own_idempotency_key:
+            headers[IDEMPOTENCY_HEADER] = execution_key
         body = self.http.get("body")
         if body is None:
             # No body written: for POST/PUT/PATCH the arguments no placeholder used are the

@@ -4,7 +4,8 @@ The model sees every skill's name and description in its instructions;
 activating one returns its body and the list of its files; reading a
 resource returns one file of the skill's folder and nothing outside it
 (no `..`, no absolute path, no symlink out), and only a file whose content
-still matches the digest the definitions were compiled with. Only regular
+still matches the digest the definitions were compiled with. Both only read,
+so a call cut off by a crash is simply made again (`replay_safe`). Only regular
 files are opened (`sources.read_regular`): a FIFO planted in the folder is a
 tool error, not a turn stuck on an open that waits for a writer.
 """
@@ -36,6 +37,8 @@ def skills_prompt(skills: list[SkillDefinition]) -> str:
 
 
 class ActivateSkill:
+    replay_safe = True  # read-only
+
     def __init__(self, skills: list[SkillDefinition]):
         self.skills = {s.name: s for s in skills}
         self.spec = ToolSpec(
@@ -57,6 +60,8 @@ class ActivateSkill:
 
 
 class ReadSkillResource:
+    replay_safe = True  # read-only
+
     def __init__(self, skills: list[SkillDefinition]):
         self.skills = {s.name: s for s in skills}
         self.spec = ToolSpec(

@@ -2,7 +2,12 @@
 
 The sub-agent runs a turn of its own (fresh transcript, its own model and
 tools) on the closure the parent turn started with, and its final answer is
-the tool's result.
+the tool's result. It is not `replay_safe`: running it again would run a
+whole new turn of the sub-agent, tools and all; resuming the parent turn is
+to resume the sub-agent's own turn instead (§9). The sub-agent's turn runs on
+the context of the call that started it, so its own calls' execution keys
+derive from that call's key (`tools.base.for_call`) and never repeat one of
+the parent's.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ RunSubAgent = Callable[[str, str, ToolContext], Awaitable[str]]
 
 
 class SubAgentTool:
+    replay_safe = False
+
     def __init__(self, agent: AgentDefinition, run: RunSubAgent):
         self.agent = agent
         self.run = run

@@ -4,13 +4,21 @@
     await store.create_turn(turn("t1", key="k"))    # running, in c1
     inbox = Inbox(); store.subscribe(inbox)
     await inbox.wait_for(t="event", c="c1")         # bounded: fails after 10 s
+
+    make_store, store, other = stores.make_store, stores.store, stores.other  # in a test module
+    async def test_x(store, other): ...             # once on SQLite, once on PostgreSQL; r1 and r2
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import anyio
+import pytest
 
 from server.store.base import ConversationRecord, Notice, PermissionRecord, Store, TurnRecord
+from server.store.postgres import PostgresStore
+from server.store.sqlite import SQLiteStore
 
 DIGEST_A = "sha256:" + "a" * 64
 DIGEST_B = "sha256:" + "b" * 64
@@ -33,6 +41,33 @@ def permission(id: str, turn_id: str, conversation_id: str = "c1") -> Permission
     return PermissionRecord(id=id, conversation_id=conversation_id, turn_id=turn_id, tool_call_id="call_1",
                             tool="shell", arguments={"cmd": ["ls", "-l"]}, reason="because",
                             status="pending", requested_at=1.0, expires_at=100.0)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def make_store(request, tmp_path) -> Callable[[str], Store]:
+    """A new (unopened) store for a replica, on this test's one file or database."""
+    if request.param == "sqlite":
+        return lambda replica: SQLiteStore(tmp_path / "corral.db", replica=replica)
+    url = request.getfixturevalue("postgres_url")
+    return lambda replica: PostgresStore(url, replica=replica)
+
+
+@pytest.fixture
+async def store(make_store):
+    """Replica r1's store, open."""
+    s = make_store("r1")
+    await s.open()
+    yield s
+    await s.close()
+
+
+@pytest.fixture
+async def other(make_store, store):
+    """Replica r2's store on the same file or database, open."""
+    s = make_store("r2")
+    await s.open()
+    yield s
+    await s.close()
 
 
 async def conversations(store: Store, *ids: str) -> None:

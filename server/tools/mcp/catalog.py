@@ -10,6 +10,10 @@
   input_schema}`, sorted by name; `corral.lock` records its digest.
 - A tool result becomes text: text blocks joined, other blocks summarized,
   structured content as JSON when there is no text.
+- Whether a call may run again after a crash left its outcome unknown
+  (`replay_safe`) follows the server's annotations, since an MCPServer
+  definition does not say: a tool that declares itself read-only or
+  idempotent may; one that declares nothing may not.
 """
 
 from __future__ import annotations
@@ -52,6 +56,12 @@ def entry(tool: types.Tool) -> dict[str, Any]:
         "description": tool.description or "",
         "input_schema": dict(tool.input_schema or {"type": "object"}),
     }
+
+
+def replay_safe(tool: types.Tool) -> bool:
+    """Whether the server says calling `tool` twice does no more than calling it once."""
+    hints = tool.annotations
+    return hints is not None and (hints.read_only_hint is True or hints.idempotent_hint is True)
 
 
 def catalog_of(server: MCPServerDefinition, tools: Iterable[types.Tool]) -> list[dict[str, Any]]:

@@ -40,7 +40,7 @@ from ... import __version__
 from ...compiler.definitions import MCPServerDefinition
 from ...compiler.templates import MissingSecret, resolve_secrets
 from ...deployment.vault import FileVault
-from ..base import ToolOutput
+from ..base import EXECUTION_KEY_META, ToolOutput
 from ..confinement import Redactor, program_path
 from .catalog import render_result
 
@@ -232,8 +232,9 @@ class Connection:
             self._on_catalog(self)
         return self.catalog or []
 
-    async def call(self, name: str, arguments: Mapping[str, Any]) -> ToolOutput:
-        """Call one tool; every failure becomes an error output, never a hang."""
+    async def call(self, name: str, arguments: Mapping[str, Any], execution_key: str = "") -> ToolOutput:
+        """Call one tool; every failure becomes an error output, never a hang. An execution key goes
+        in the request's `_meta` (`corral/execution_key`), for a server that deduplicates calls."""
         try:
             client, _ = await self.ensure()
         except ServerUnavailable as exc:
@@ -243,7 +244,8 @@ class Connection:
         self.active += 1
         try:
             with anyio.fail_after(self.timeout + CALL_GRACE_S):
-                result = await client.call_tool(name, dict(arguments), read_timeout_seconds=self.timeout)
+                result = await client.call_tool(name, dict(arguments), read_timeout_seconds=self.timeout,
+                                                meta=_meta(execution_key))
         except MCPError as exc:
             return self._failed(client, name, exc)
         except Exception as exc:  # TimeoutError from the guard, a broken stream, an invalid result
@@ -266,6 +268,10 @@ class Connection:
 
     def _label(self, name: str) -> str:
         return f"tool {name} of MCP server {self.server.name}"
+
+
+def _meta(execution_key: str) -> types.RequestParamsMeta | None:
+    return {EXECUTION_KEY_META: execution_key} if execution_key else None
 
 
 async def _list_tools(client: Client) -> list[types.Tool]:

@@ -30,7 +30,7 @@ from ...compiler.definitions import DefinitionSet, MCPServerDefinition
 from ...deployment.vault import NO_VAULT, FileVault
 from ...messages import ToolSpec
 from ..base import ToolContext, ToolOutput, ToolPort
-from .catalog import catalog_digest_of, catalog_of, hook_name, tool_name
+from .catalog import catalog_digest_of, catalog_of, hook_name, replay_safe, tool_name
 from .connection import Connection, ServerUnavailable
 
 DriftCallback = Callable[[str, str, str], None]  # (server name, expected digest, observed digest)
@@ -50,9 +50,10 @@ class MCPTool:
         schema = freeze(dict(tool.input_schema or {"type": "object"}))
         self.spec = ToolSpec(tool_name(server.name, tool.name), description, schema)
         self.hook_name = hook_name(server.name, tool.name)
+        self.replay_safe = replay_safe(tool)  # the server's annotations, as listed
 
     async def call(self, arguments: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
-        return await self.connection.call(self.tool, arguments)
+        return await self.connection.call(self.tool, arguments, ctx.execution_key)
 
 
 class Unavailable:
@@ -61,6 +62,8 @@ class Unavailable:
     Named after the one tool asked for (`server/tool`), or `{server}__unavailable`;
     with `retry`, a call tries to start the server again (past its back-off).
     """
+
+    replay_safe = False  # its annotations are unknown: a call cut off by a crash is not repeated
 
     def __init__(self, connection: Connection, tool: str | None, error: str, *, retry: bool = True):
         self.connection, self.tool, self.error, self.retry = connection, tool, error, retry
@@ -72,7 +75,7 @@ class Unavailable:
     async def call(self, arguments: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
         if self.tool is None or not self.retry:
             return ToolOutput(self.error, is_error=True)
-        return await self.connection.call(self.tool, arguments)
+        return await self.connection.call(self.tool, arguments, ctx.execution_key)
 
 
 class MCPConnections:

@@ -1,0 +1,61 @@
+"""What a turn had committed when its replica stopped: where its next attempt starts.
+
+A turn's checkpoint is what the store holds of it: its input (the turn row),
+each model step (an assistant message, with the text deltas committed with
+it), and each tool result (with its `tool.finished`, in one transaction).
+`Journal` (in `turns`) commits a call's `tool.started` before the call runs,
+so a call whose start is committed but whose result is not may have run, in
+part or whole: its outcome is unknown. A call still waiting on a person (its
+permission request pending), or refused, never ran, whatever the events say.
+
+Not responsible for deciding what to do with an unknown outcome (the loop
+asks the tool whether it is `replay_safe`) or for taking the turn over (the
+store's `recover_lapsed`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..messages import Message
+from ..store.base import Store, TurnRecord
+
+NEVER_RAN = ("pending", "denied", "expired", "cancelled")  # permission states in which the call did not run
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    history: tuple[Message, ...]  # the conversation before this turn
+    messages: tuple[Message, ...]  # what this turn had added to the transcript
+    started: frozenset[str]  # tool calls whose `tool.started` is committed
+    unknown: frozenset[str]  # ... that may have run, with no result committed
+    started_seq: int  # the seq of the turn's `turn.started`: its stream replays from there
+
+
+async def checkpoint_of(store: Store, turn: TurnRecord) -> Checkpoint:
+    """Read the turn's checkpoint (a resumed turn's one-off cost: the transcript and the events)."""
+    records = await store.list_messages(turn.conversation_id, limit=1_000_000)
+    history = tuple(r.message for r in records if r.turn_id != turn.id)
+    messages = tuple(r.message for r in records if r.turn_id == turn.id)
+    started: set[str] = set()
+    finished: set[str] = set()
+    started_seq = 0
+    after = 0
+    while True:
+        page = await store.list_events(turn.conversation_id, after=after, limit=1000)
+        for event in page:
+            after = event.seq
+            if event.data.get("turn_id") == turn.id and event.name == "turn.started":
+                started_seq = event.seq
+                started.clear()
+                finished.clear()
+            elif started_seq and event.name == "tool.started":
+                started.add(str(event.data.get("tool_call_id")))
+            elif started_seq and event.name == "tool.finished":
+                finished.add(str(event.data.get("tool_call_id")))
+        if len(page) < 1000:
+            break
+    held_back = {p.tool_call_id for p in await store.list_permissions(turn.conversation_id)
+                 if p.turn_id == turn.id and p.status in NEVER_RAN}
+    return Checkpoint(history=history, messages=messages, started=frozenset(started),
+                      unknown=frozenset(started - finished - held_back), started_seq=started_seq)
