@@ -71,9 +71,15 @@ async def test_a_turns_writes_send_what_their_single_forms_send(pair):
     seq = await a.begin_turn(turn("t1"), ("turn.started", {}), 1.0)
     await inbox.wait_for(t="status", c="c1", st="busy")
     await inbox.wait_for(t="event", c="c1", s=seq, n="turn.started")
+    inbox.notices.clear()
     seqs = await a.append("c1", "t1", [UserMessage(content="x")], [("a", {}), ("b", {})], 2.0)
-    await inbox.wait_for(t="event", s=seqs[0], n="a")
+    # a batch sends one notice, for its last event: readers replay whatever they have not seen
     await inbox.wait_for(t="event", s=seqs[1], n="b")
+    await a.append("c1", "t1", [], [("c", {})], 2.5)  # a later notice: nothing more came for the batch
+    await inbox.wait_for(t="event", n="c")
+    assert [n for n in inbox.notices if n.get("t") == "event"] == [
+        {"t": "event", "r": "ra", "c": "c1", "s": seqs[1], "n": "b"},
+        {"t": "event", "r": "ra", "c": "c1", "s": seqs[1] + 1, "n": "c"}]
     inbox.notices.clear()
     seq = await a.end_turn("t1", "c1", {"status": "completed"}, ("turn.completed", {}), 3.0)
     await inbox.wait_for(t="event", c="c1", s=seq, n="turn.completed")

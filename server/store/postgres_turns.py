@@ -36,7 +36,8 @@ from .postgres_rows import TURN_COLUMNS, TURN_JSON, TURN_UPDATES, turn_record
 
 
 def _event_notice(replica: str) -> str:
-    """The "event" notice of each row a `stored AS (INSERT INTO events ... RETURNING ...)` returns."""
+    """The "event" notice of a row a `stored AS (INSERT INTO events ... RETURNING ...)` returns. A
+    batch sends one, for its last event: a reader replays everything after the last seq it saw."""
     return notice_sql("event", r=f"{replica}::text", c="conversation_id", s="seq", n="name")
 
 
@@ -55,10 +56,11 @@ def _append_sql(fenced: bool) -> str:
     first_event = "c.events" if fenced else "COALESCE((SELECT events FROM counter), 0)"
     if fenced:
         result = ("SELECT EXISTS (SELECT FROM counter) AS held, s.seq,"
-                  f" CASE WHEN s.seq IS NOT NULL THEN {_event_notice('$7')} END"
+                  f" CASE WHEN s.seq = max(s.seq) OVER () THEN {_event_notice('$7')} END"
                   " FROM (SELECT) AS one LEFT JOIN stored s ON true ORDER BY s.seq")
     else:
-        result = f"SELECT seq, {_event_notice('$7')} FROM stored ORDER BY seq"
+        result = (f"SELECT seq, CASE WHEN seq = max(seq) OVER () THEN {_event_notice('$7')} END"
+                  " FROM stored ORDER BY seq")
     return (
         "WITH counter AS (UPDATE conversations SET message_seq = message_seq + cardinality($3::text[]),"
         " event_seq = event_seq + cardinality($4::text[]),"

@@ -6,6 +6,7 @@
     events     server-sent events: sse, read_events, ended, named, and waits on /v1/events
     swaps      the served definition set, reloads and the swap history; watcher_live
     processes  alive, and wait_until a condition, with a bound
+    durable    servers that die and come back (Node), a conversation followed across them (Follower)
 
 Fixtures stay in tests/conftest.py, where pytest finds them; no test imports it as a module.
 """
