@@ -7,6 +7,7 @@
     │   ├── AgentNotFound            no agent by that name, or no alias by that name
     │   ├── DigestNotFound           the agent was never served with that digest
     │   ├── ConversationNotFound
+    │   ├── TurnNotFound             no turn by that id in the conversation
     │   ├── ConversationBusy         a turn runs and `if_busy` is `reject`
     │   ├── IdempotencyKeyReused     the same key with another body
     │   ├── DuplicateIdempotencyKey  the store already has a turn with that key
@@ -176,6 +177,10 @@ class DigestNotFound(RequestError):
 
 class ConversationNotFound(RequestError):
     code = "conversation_not_found"
+
+
+class TurnNotFound(RequestError):
+    code = "turn_not_found"
 
 
 class ConversationBusy(RequestError):

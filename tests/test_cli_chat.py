@@ -316,3 +316,56 @@ def test_mcp_servers_stderr_goes_to_the_log_not_the_terminal(served: Served, tmp
         term.ctrl_d()
         assert term.exit_status() == 0
     assert MARK not in term.text
+
+
+@MODES
+def test_fork_goes_on_in_a_fork_and_an_unknown_command_lists_the_commands(mode: str, served: Served,
+                                                                         tmp_path: Path) -> None:
+    with chat(mode, served, tmp_path / "state") as term:
+        source = conversation_id(term.expect("you> "))
+        term.type("hello")
+        assert "echo: hello" in term.expect("you> ")
+        term.type("/fork")
+        shown = term.expect("you> ")
+        found = re.search(rf"\[forked {source} into conversation (conv_\w+);", shown)
+        assert found, shown
+        fork = found.group(1)
+        term.type("after the fork")
+        assert "echo: after the fork" in term.expect("you> ")
+        term.type("/nope")
+        listed = term.expect("you> ")
+        assert "[unknown command /nope]" in listed and "[/fork: " in listed and "[/help: " in listed
+        term.type("//fork is text")
+        assert "echo: /fork is text" in term.expect("you> ")
+        if mode == "remote":
+            def read(cid: str, tail: str = "") -> dict:
+                url = f"{served.url}/v1/conversations/{cid}{tail}"
+                return httpx.get(url, trust_env=False, timeout=10).json()
+
+            def said(cid: str) -> list[str]:
+                return [m["content"] for m in read(cid, "/messages")["items"] if m["role"] == "user"]
+
+            assert read(fork)["forked_from"] == {"conversation_id": source, "turn_id": None}
+            assert said(fork) == ["hello", "after the fork", "/fork is text"]
+            assert said(source) == ["hello"]
+        term.ctrl_d()
+        assert term.exit_status() == 0
+
+
+@MODES
+def test_compact_and_context_commands(mode: str, served: Served, tmp_path: Path) -> None:
+    with chat(mode, served, tmp_path / "state") as term:
+        term.expect("you> ")
+        term.type("/compact")  # no turn yet: nothing older than the two kept
+        assert "[nothing to compact" in term.expect("you> ")
+        for text in ("one", "two", "three"):
+            term.type(text)
+            assert f"echo: {text}" in term.expect("you> ")
+        term.type("/compact")  # the first turn is summarized (by the agent's own scripted model)
+        assert re.search(r"\[compacted 2 messages: \d+ -> \d+ tokens\]", term.expect("you> "))
+        term.type("/context")
+        shown = term.expect("you> ")
+        assert re.search(r"\[context: \d+ tokens \(estimated\); the model has no context_window; "
+                         r"1 compaction\(s\) so far\]", shown), shown
+        term.ctrl_d()
+        assert term.exit_status() == 0

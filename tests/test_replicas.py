@@ -640,3 +640,26 @@ async def test_mcp_through_nginx_in_front_of_two_replicas(cluster: Cluster, trio
     messages = await Conversation(c, {"id": conversation}).messages()
     said = [m["content"] for m in messages if m["role"] == "user"]
     assert said == ["one", *words]
+
+
+async def test_steer_through_another_replica_reaches_the_running_turn(trio, tmp_path: Path) -> None:
+    a, b, c = trio
+    conversation = await Conversation.create(a, "gated")
+    gate = tmp_path / "gate"
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(conversation.send, f"wait {gate}")  # held on a
+            turn_id = await conversation.through(b).started()
+            r = await b.post(f"{conversation.path}/messages",
+                             json={"content": "steered from b", "if_busy": "steer"})
+            assert r.status_code == 202 and r.json() == {"turn_id": turn_id}, r.text
+            open_gate(gate)  # a picks the message up before its next model request
+        [held] = conversation.replies
+        assert held.status_code == 200 and held.json()["output"] == "echo: steered from b", held.text
+        events = await conversation.through(c).events(ended(turn_id))
+    assert [e.data for e in events if e.name == "message.steered"] == [
+        {"turn_id": turn_id, "content": "steered from b"}]
+    messages = await conversation.through(c).messages()
+    assert [(m["role"], m["content"]) for m in messages if m["role"] == "user"] == [
+        ("user", f"wait {gate}"), ("user", "steered from b")]
+    assert {m["turn_id"] for m in messages} == {turn_id}

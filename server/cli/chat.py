@@ -16,7 +16,12 @@ Either way a turn is a stream of events that `Chat` shows and answers:
   cancel is on its way, exits 130 (`EXIT_CANCELLED`, as for any Ctrl-C of
   `corral`); EOF (Ctrl-D) exits 0;
 - a server that cannot be reached is one `error: ...` line and exit 3
-  (`unreachable`); an answer that is not Corral's is one line too.
+  (`unreachable`); an answer that is not Corral's is one line too;
+- a line starting with `/` is a command (`COMMANDS`): `/fork` forks the
+  conversation at its end and goes on in the fork, `/compact` compacts its
+  context now, `/context` shows how full the context window is, `/help`
+  lists them, and an unknown one lists them too; `//text` sends `/text` to
+  the agent.
 
 Input is read from the stdin descriptor when the event loop says it is
 readable, not by a thread, so a Ctrl-C can abandon a read; the terminal's
@@ -58,8 +63,10 @@ def add_verb(verbs: argparse._SubParsersAction) -> None:
         "chat", help="chat with an agent in the terminal",
         description="Chat with an agent, streaming; local runtime, or a server with --url. A tool call "
                     "waiting on `ask` asks allow? [y/N]. Ctrl-C cancels the running turn; Ctrl-C at the "
-                    "prompt exits 130, Ctrl-D exits 0. In process, the log (MCP servers' stderr "
-                    "included) is $CORRAL_STATE_DIR/chat.log.",
+                    "prompt exits 130, Ctrl-D exits 0. Commands: /fork forks the conversation at its end "
+                    "and goes on in the fork; /compact compacts its context now; /context shows how "
+                    "full the context window is; /help lists the commands. In process, the log (MCP "
+                    "servers' stderr included) is $CORRAL_STATE_DIR/chat.log.",
     )
     chat.add_argument("agent", metavar="AGENT", help="agent name, or name@sha256:…")
     chat.add_argument("--url", help="a running Corral server, e.g. http://127.0.0.1:8420")
@@ -89,7 +96,8 @@ async def _chat(args: argparse.Namespace) -> int:
     async with backend.open(args.agent) as banner:
         keyboard = Keyboard(sys.stdin.fileno())
         chat = Chat(backend, Terminal(sys.stdout, sys.stderr), keyboard, sys.stdin.isatty())
-        chat.term.line(f"[{banner}{'; Ctrl-C cancels a turn, Ctrl-D exits' if chat.interactive else ''}]")
+        keys = "; Ctrl-C cancels a turn, Ctrl-D exits, /help lists commands"
+        chat.term.line(f"[{banner}{keys if chat.interactive else ''}]")
         return await chat.run()
 
 
@@ -148,8 +156,44 @@ class Chat:
                 if self.interactive:
                     self.term.text("\n")
                 return
-            if line.strip():
-                await self._run_turn(line.strip())
+            text = line.strip()
+            if text.startswith("/") and not text.startswith("//"):
+                await self._command(text)
+            elif text:
+                await self._run_turn(text[1:] if text.startswith("//") else text)
+
+    async def _command(self, text: str) -> None:
+        """A `/command` line: run it, or list the commands (`/help`, or one unknown)."""
+        name = text.split(maxsplit=1)[0]
+        command = COMMANDS.get(name)
+        if command is None or command.run is None:
+            if command is None:
+                self.term.line(f"[unknown command {name}]")
+            for known, entry in COMMANDS.items():
+                self.term.line(f"[{known}: {entry.does}]")
+            return
+        try:
+            await command.run(self)
+        except CorralError as exc:
+            if exc.code == "unreachable":
+                raise
+            self.term.line(f"[{name} failed: {exc.code}: {one_line(exc.message)}]")
+
+    async def _fork(self) -> None:
+        source = self.backend.conversation
+        forked = await self.backend.fork()
+        self.term.line(f"[forked {source} into conversation {forked}; this chat goes on in the fork]")
+
+    async def _compact(self) -> None:
+        done = await self.backend.compact()
+        if not done.get("compacted"):
+            self.term.line("[nothing to compact: no turn older than the ones kept]")
+            return
+        self.term.line(f"[compacted {done.get('messages')} messages: {done.get('before')} -> "
+                       f"{done.get('after')} tokens]")
+
+    async def _context(self) -> None:
+        self.term.line(f"[{describe_context(await self.backend.context())}]")
 
     async def _run_turn(self, text: str) -> None:
         self.turn = turn = Turn()
@@ -220,6 +264,35 @@ class Chat:
         while True:
             await anyio.sleep(SPIN_EVERY_S)
             self.term.tick()
+
+
+@dataclass(frozen=True)
+class Command:
+    does: str  # one line, for /help
+    run: Callable[[Chat], Awaitable[None]] | None = None  # None: list the commands
+
+
+# The commands a line starting with `/` runs (a small table: add one with a line here).
+COMMANDS: dict[str, Command] = {
+    "/fork": Command("fork the conversation at its end and go on in the fork", Chat._fork),
+    "/compact": Command("compact the conversation's context now (summarize or cut its older part)",
+                        Chat._compact),
+    "/context": Command("how full the context window is: tokens used, their source, compactions",
+                        Chat._context),
+    "/help": Command("list the commands"),
+}
+
+
+def describe_context(context: dict[str, Any]) -> str:
+    """`GET …/context` in one line: `context: 1200 / 8000 tokens (15%, actual); ...`."""
+    window, used = context.get("window"), context.get("used")
+    if window:
+        share = f"{100 * (used or 0) / window:.0f}%, "
+        size = f"{used} / {window} tokens ({share}{context.get('source')})"
+        where = f"compacts at {100 * float(context.get('threshold') or 0):.0f}%"
+    else:
+        size, where = f"{used} tokens ({context.get('source')})", "the model has no context_window"
+    return f"context: {size}; {where}; {context.get('compactions', 0)} compaction(s) so far"
 
 
 # --- what each event shows ---------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Where `corral chat` runs its turns: in this process (`Local`) or on a server (`Remote`, `--url`).
 
 Both give `Chat` the same calls: start a conversation, send a message and stream its events,
-answer a permission request, interrupt the running turn. Not responsible for the terminal.
+answer a permission request, interrupt the running turn, fork the conversation (and go on in the
+fork), compact its context and say how full it is. Not responsible for the terminal.
 """
 
 from __future__ import annotations
@@ -65,6 +66,22 @@ class Local:
     async def interrupt(self) -> None:
         await self.service.conversations.interrupt(self.conversation_id)
 
+    @property
+    def conversation(self) -> str:
+        return self.conversation_id
+
+    async def fork(self) -> str:
+        """Fork the whole conversation and go on in the fork; its id."""
+        forked = await self.service.conversations.fork(self.conversation_id)
+        self.conversation_id = forked.id
+        return forked.id
+
+    async def compact(self) -> dict[str, Any]:
+        return await self.service.conversations.compact(self.conversation_id)
+
+    async def context(self) -> dict[str, Any]:
+        return await self.service.conversations.context(self.conversation_id)
+
 
 def _log_to_file(settings: Settings) -> Path:
     """Send the log (MCP servers' stderr included) to the state directory, not to the terminal."""
@@ -127,6 +144,26 @@ class Remote:
 
     async def interrupt(self) -> None:
         await self._call(f"{self.path}/interrupt")
+
+    @property
+    def conversation(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
+
+    async def fork(self) -> str:
+        """Fork the whole conversation and go on in the fork; its id."""
+        forked = await self._call(f"{self.path}/fork", {}, expect=201)
+        self.path = f"/v1/conversations/{forked['id']}"
+        return str(forked["id"])
+
+    async def compact(self) -> dict[str, Any]:
+        return await self._call(f"{self.path}/compact")
+
+    async def context(self) -> dict[str, Any]:
+        assert self.client is not None
+        response = await self.client.get(f"{self.path}/context")
+        if response.status_code != 200:
+            raise refused(response, self.url)
+        return response.json()
 
 
 async def _sse(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, dict[str, Any]]]:

@@ -152,7 +152,26 @@ class AgentDefinition(Definition):
     hooks: tuple[str, ...] = ()
     max_steps: int = 10
     on_busy: str = "reject"
+    # absent from the spec when not given (see `normalize`)
+    budget: Mapping[str, int] | None = None  # max_tokens_per_turn, max_tokens_per_conversation
+    output_schema: Mapping[str, Any] | None = None
+    context: Mapping[str, Any] | None = None  # absent: the default policy (see `context_policy`)
     closure: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def context_policy(self) -> ContextPolicy:
+        """The agent's context policy (§10), defaults filled in; `model` None is the agent's own."""
+        c = self.context or {}
+        return ContextPolicy(strategy=c.get("strategy", "summarize"), threshold=c.get("threshold", 0.8),
+                             keep_recent_turns=c.get("keep_recent_turns", 2), model=c.get("model"))
+
+
+@dataclass(frozen=True, slots=True)
+class ContextPolicy:
+    strategy: str = "summarize"  # summarize | truncate | none
+    threshold: float = 0.8  # of the model's context_window
+    keep_recent_turns: int = 2  # kept whole before the running turn (which always is)
+    model: str | None = None  # the Model that writes summaries; None: the agent's
 
 
 DEFINITION_TYPES: dict[str, type[Definition]] = {

@@ -368,6 +368,22 @@ class SkillDocument(Document):
         return self
 
 
+class Budget(Strict):
+    """Tokens (input + output, as the provider reports them, else estimated) an agent may spend."""
+
+    max_tokens_per_turn: int | None = Field(default=None, gt=0, strict=True)
+    max_tokens_per_conversation: int | None = Field(default=None, gt=0, strict=True)
+
+
+class ContextPolicy(Strict):
+    """How an agent's conversation is kept inside its model's context window (contract §10)."""
+
+    strategy: Literal["summarize", "truncate", "none"] = "summarize"
+    threshold: float = Field(default=0.8, gt=0, le=1)  # of the model's context_window
+    keep_recent_turns: int = Field(default=2, ge=0, le=1000, strict=True)  # before the running one
+    model: Name | None = None  # the Model that writes summaries; None: the agent's
+
+
 class AgentDocument(Document):
     kind: Literal["Agent"]
     model: Name
@@ -378,7 +394,23 @@ class AgentDocument(Document):
     skills: tuple[Name, ...] = ()
     hooks: tuple[Name, ...] = ()
     max_steps: int = Field(default=10, ge=1, le=1000)
-    on_busy: Literal["reject", "enqueue", "interrupt"] = "reject"
+    on_busy: Literal["reject", "enqueue", "interrupt", "steer"] = "reject"
+    # Added after digests were pinned: absent (None) is left out of the spec (see `normalize`).
+    budget: Budget | None = None
+    output_schema: dict[str, Any] | None = None
+    # Added after digests were pinned: the default policy is left out of the spec (see `normalize`).
+    context: ContextPolicy = Field(default_factory=ContextPolicy)
+
+    @field_validator("output_schema")
+    @classmethod
+    def _output_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None:
+            try:
+                check_schema(v)
+            except SchemaError as exc:
+                where = "/".join(str(p) for p in exc.path) or "(root)"
+                raise ValueError(f"not a valid JSON Schema at {where}: {exc.message}") from None
+        return v
 
     @field_validator("tools")
     @classmethod

@@ -2,8 +2,9 @@
 
 An agent's digest covers its closure: the spec plus `closure`, the map from
 `kind/name` to digest of every definition it can reach (model and fallbacks,
-tools, MCP servers, hooks, skills, sub-agents and theirs). A model with
-fallbacks is hashed the same way. Everything else hashes its spec alone.
+the model that writes its context summaries, tools, MCP servers, hooks,
+skills, sub-agents and theirs). A model with fallbacks is hashed the same
+way. Everything else hashes its spec alone.
 
 Linking is incremental: given the `LinkState` of the previous successful
 link over the same names, only the definitions whose spec changed are
@@ -110,6 +111,9 @@ class Linker:
 
     def _check_agent(self, key: Key, spec: dict[str, Any]) -> None:
         self._expect(key, ("model",), "Model", spec["model"])
+        summarizer = (spec.get("context") or {}).get("model")
+        if summarizer is not None:
+            self._expect(key, ("context", "model"), "Model", summarizer)
         for field, kind in (("agents", "Agent"), ("skills", "Skill"), ("hooks", "Hook")):
             for i, name in enumerate(spec[field]):
                 self._expect(key, (field, i), kind, name)
@@ -159,6 +163,9 @@ class Linker:
         if kind != "Agent":
             return []
         out: list[tuple[tuple, Key]] = [(("model",), ("Model", spec["model"]))]
+        summarizer = (spec.get("context") or {}).get("model")
+        if summarizer is not None:  # the model that writes its summaries is in its closure
+            out.append((("context", "model"), ("Model", summarizer)))
         for i, ref in enumerate(spec["tools"]):
             name = ref.split("/", 1)[0]
             target = ("MCPServer", name) if "/" in ref or not self.has("Tool", ref) else ("Tool", ref)

@@ -6,9 +6,10 @@ every file it points to inside the definition directory: an
 `files` (path within the folder -> content digest); an argv element naming a
 file becomes a directory-relative path whose content digest is in `files`.
 Where a file sits, and which YAML file a document came from, are not part of
-the spec, so moving things around changes no digest. One default is left out
-rather than filled in: a Tool's `replay: unsafe`, a field added after digests
-were pinned and locked, so that adding it changed no existing digest.
+the spec, so moving things around changes no digest. Some defaults are left
+out rather than filled in: a Tool's `replay: unsafe`, an Agent's absent
+`budget` (or one without limits), `output_schema` and default `context`, fields added after
+digests were pinned and locked, so that adding them changed no existing digest.
 
 Every file is read through `sources.read_regular` (via `FileStamps`): a
 FIFO, socket or device where a file is expected is an error naming it. An
@@ -25,7 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .documents import AgentDocument, Document, HookDocument, MCPServerDocument, SkillDocument, ToolDocument
+from .documents import (
+    AgentDocument,
+    ContextPolicy,
+    Document,
+    HookDocument,
+    MCPServerDocument,
+    SkillDocument,
+    ToolDocument,
+)
 from .sources import (
     SKILL_FILE,
     FileStamps,
@@ -38,6 +47,7 @@ from .sources import (
 )
 
 MAX_SKILL_FILES = 1000
+DEFAULT_CONTEXT = ContextPolicy().model_dump(mode="json")
 NAME_MAX = 255  # bytes in one path component (Linux, macOS)
 PATH_MAX = 4096  # bytes in a whole path (Linux; macOS allows 1024, which only makes more lookups fail)
 
@@ -153,6 +163,20 @@ class Normalizer:
 
     def _agent(self, source: SourceDocument, doc: AgentDocument, out: Normalized) -> None:
         spec = out.spec
+        # `budget` and `output_schema` came after digests were pinned: absent, they are left out
+        # (a budget without limits is no budget), so an agent without them keeps its digest.
+        budget = {k: v for k, v in (spec.pop("budget", None) or {}).items() if v is not None}
+        if budget:
+            spec["budget"] = budget
+        if spec.get("output_schema", ...) is None:
+            del spec["output_schema"]
+        # `context` came later too: the default policy (written out or not) is left out, and a
+        # summary model that is the agent's own is the default
+        context = spec.pop("context", None) or {}
+        if context.get("model") == spec["model"]:
+            context["model"] = None
+        if context and context != DEFAULT_CONTEXT:
+            spec["context"] = context
         written = spec.pop("instructions_file")
         if written is not None:
             path = self._confined(source, written, ("instructions_file",))

@@ -129,6 +129,7 @@ class Swapper:
         self.replica = replica
         self.listeners: list[Callable[[SwapReport], Awaitable[None]]] = []  # told of applied swaps
         self._one_at_a_time = anyio.Lock()
+        self._rejected = False  # the last report was a rejection
         self._compiling = threading.Lock()  # held by the compile thread, abandoned or not
 
     async def reload(self, trigger: str, changed: Iterable[str] | None = None) -> SwapReport:
@@ -179,6 +180,10 @@ class Swapper:
             await self.store.record_swap(report.id, time.time(), report.status, body)
             name = "definitions.swapped" if report.status == "applied" else "definitions.rejected"
             self.publish(name, body)
+        elif self._rejected:
+            # the files compile again to the set being served: news for whoever saw the rejection
+            self.publish("definitions.swapped", report.to_json())
+        self._rejected = report.status == "rejected"
         if report.status == "applied":
             for listener in self.listeners:
                 try:

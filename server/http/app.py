@@ -16,7 +16,17 @@ from ..mcp.mount import mcp_route
 from ..mcp.server import AgentsMCP
 from ..service import open_service
 from ..settings import Settings
-from . import agents, conversations, deployments, health, openai_compat, openapi, permissions
+from . import (
+    agents,
+    closures,
+    console,
+    conversations,
+    deployments,
+    health,
+    openai_compat,
+    openapi,
+    permissions,
+)
 from .browsers import CORS_EXPOSED, CORS_HEADERS, BrowserGuard
 from .guards import ApiKeys, BodyLimit, RequestIds
 from .plumbing import corral_error_handler, http_error_handler, internal_error_handler
@@ -41,10 +51,12 @@ def create_app(settings: Settings) -> Starlette:
         *health.routes,
         *deployments.routes,
         *agents.routes,
+        *closures.routes,
         *conversations.routes,
         *permissions.routes,
         *openapi.routes,
         *openai_compat.routes,
+        *console.routes,
         mcp,
     ]
     return Starlette(

@@ -1,4 +1,4 @@
-"""Conversation routes: create, read, list, delete, send, transcript, turns, events."""
+"""Conversation routes: create, read, list, update, fork, delete, send, transcript, turns, events."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..errors import RequestError
+from ..runtime.conversations import Steered
 from ..store.base import ConversationRecord, EventRecord, TurnRecord
 from .plumbing import KEEP_ALIVE, iso, page, page_params, read_json, sse_frame, sse_response
 
@@ -22,11 +23,27 @@ class CreateConversation(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
+class UpdateConversation(BaseModel):
+    """PATCH: the fields given change (at least one); a null title clears it."""
+
+    model_config = ConfigDict(extra="forbid")
+    title: str | None = Field(default=None, max_length=500)
+    metadata: dict[str, Any] = Field(default_factory=dict)  # replaces the metadata whole
+    archived: StrictBool = False
+
+
+class ForkConversation(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    before_turn_id: str | None = Field(default=None, min_length=1, max_length=200)
+    agent: str | None = Field(default=None, min_length=1, max_length=200)
+    title: str | None = Field(default=None, max_length=500)
+
+
 class SendMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
     content: str = Field(min_length=1)
     stream: StrictBool = False
-    if_busy: Literal["reject", "enqueue", "interrupt"] | None = None
+    if_busy: Literal["reject", "enqueue", "interrupt", "steer"] | None = None
 
 
 def _conversations(request: Request):
@@ -38,6 +55,7 @@ def conversation_json(c: ConversationRecord) -> dict[str, Any]:
         "id": c.id, "agent": c.agent, "agent_name": c.agent_name, "digest": c.digest,
         "pinned": c.pinned, "status": c.status, "title": c.title, "metadata": c.metadata,
         "created_at": iso(c.created_at), "updated_at": iso(c.updated_at),
+        "archived": c.archived, "forked_from": c.forked_from,
     }
 
 
@@ -63,19 +81,43 @@ async def list_conversations(request: Request) -> Response:
     status = q.get("status")
     if status is not None and status not in ("idle", "busy", "waiting"):
         raise RequestError("status must be idle, busy or waiting")
+    archived = q.get("archived", "false")
+    if archived not in ("true", "false"):
+        raise RequestError("archived must be true or false")
     records = await request.app.state.service.store.list_conversations(
-        agent=q.get("agent"), digest=q.get("digest"), status=status, limit=limit + 1, after=cursor
+        agent=q.get("agent"), digest=q.get("digest"), status=status, limit=limit + 1, after=cursor,
+        archived=archived == "true",
     )
     return JSONResponse(page([conversation_json(r) for r in records], limit, lambda c: c["id"]))
 
 
 async def get_conversation(request: Request) -> Response:
-    service = request.app.state.service
-    record = await service.conversations.get(request.path_params["id"])
+    record = await _conversations(request).get(request.path_params["id"])
+    return JSONResponse(await _with_turns(request, record))
+
+
+async def _with_turns(request: Request, record: ConversationRecord) -> dict[str, Any]:
+    """A conversation as GET answers it: with the digest of every turn."""
     body = conversation_json(record)
-    turns = await service.store.list_turns(record.id, limit=10_000)
+    turns = await request.app.state.service.store.list_turns(record.id, limit=10_000)
     body["turns"] = [{"id": t.id, "digest": t.digest, "status": t.status} for t in turns]
-    return JSONResponse(body)
+    return body
+
+
+async def update_conversation(request: Request) -> Response:
+    body = await read_json(request, UpdateConversation)
+    if not body.model_fields_set:
+        raise RequestError("give at least one of title, metadata, archived")
+    record = await _conversations(request).update(request.path_params["id"],
+                                                  **body.model_dump(include=body.model_fields_set))
+    return JSONResponse(await _with_turns(request, record))
+
+
+async def fork_conversation(request: Request) -> Response:
+    body = await read_json(request, ForkConversation)
+    record = await _conversations(request).fork(request.path_params["id"], before_turn_id=body.before_turn_id,
+                                                agent=body.agent, title=body.title)
+    return JSONResponse(conversation_json(record) | {"turns": []}, status_code=201)  # GET's shape
 
 
 async def delete_conversation(request: Request) -> Response:
@@ -89,13 +131,26 @@ async def send_message(request: Request) -> Response:
     key = request.headers.get("idempotency-key") or None
     if key is not None and len(key) > 255:
         raise RequestError("Idempotency-Key is longer than 255 characters")
-    turn = await conversations.send(request.path_params["id"], body.content,
-                                    if_busy=body.if_busy, idempotency_key=key)
+    try:
+        turn = await conversations.send(request.path_params["id"], body.content,
+                                        if_busy=body.if_busy, idempotency_key=key)
+    except Steered as steered:  # into the running turn: it answers, this request does not wait for it
+        return JSONResponse({"turn_id": steered.turn_id}, status_code=202)
     if not body.stream:
         return JSONResponse((await conversations.result(turn)).to_json())
     events = conversations.events(turn.record.conversation_id, after=max(turn.started_seq - 1, 0),
                                   until_turn=turn.id)
     return sse_response(_frames(events), request.app.state.service.metrics)
+
+
+async def get_context(request: Request) -> Response:
+    """What the conversation's next model request will carry (window, tokens used and their source)."""
+    return JSONResponse(await _conversations(request).context(request.path_params["id"]))
+
+
+async def compact(request: Request) -> Response:
+    """Compact the conversation's context now."""
+    return JSONResponse(await _conversations(request).compact(request.path_params["id"]))
 
 
 async def _frames(events: AsyncIterator[EventRecord | None]) -> AsyncIterator[bytes]:
@@ -151,8 +206,12 @@ routes = [
     Route("/v1/conversations", create_conversation, methods=["POST"]),
     Route("/v1/conversations", list_conversations, methods=["GET"]),
     Route("/v1/conversations/{id}", get_conversation, methods=["GET"]),
+    Route("/v1/conversations/{id}", update_conversation, methods=["PATCH"]),
     Route("/v1/conversations/{id}", delete_conversation, methods=["DELETE"]),
+    Route("/v1/conversations/{id}/fork", fork_conversation, methods=["POST"]),
     Route("/v1/conversations/{id}/messages", send_message, methods=["POST"]),
+    Route("/v1/conversations/{id}/context", get_context, methods=["GET"]),
+    Route("/v1/conversations/{id}/compact", compact, methods=["POST"]),
     Route("/v1/conversations/{id}/messages", list_messages, methods=["GET"]),
     Route("/v1/conversations/{id}/turns", list_turns, methods=["GET"]),
     Route("/v1/conversations/{id}/events", conversation_events, methods=["GET"]),

@@ -18,6 +18,8 @@ from ..errors import envelope, forms
 from ..logs import request_id
 
 OPEN_PATHS = frozenset({"/healthz"})
+# The console's page and static files (§7): they hold no data, and the page asks for a key itself.
+CONSOLE = "/console"
 _REQUEST_ID = re.compile(rb"^[A-Za-z0-9._-]{1,64}$")
 
 
@@ -30,8 +32,14 @@ async def reject(send: Send, code: str, message: str, headers=()) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def is_open(path: str) -> bool:
+    """Whether `path` is answered without a key: /healthz, and the console's page and files."""
+    return path in OPEN_PATHS or path == CONSOLE or path.startswith(CONSOLE + "/")
+
+
 class ApiKeys:
-    """With keys configured, every route but /healthz needs `Authorization: Bearer KEY`."""
+    """With keys configured, every route but /healthz and the console's page and files needs
+    `Authorization: Bearer KEY`."""
 
     def __init__(self, app: ASGIApp, keys: tuple[str, ...]):
         self.app = app
@@ -49,7 +57,7 @@ class ApiKeys:
         return False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.keys or scope["path"] in OPEN_PATHS:
+        if scope["type"] != "http" or not self.keys or is_open(scope["path"]):
             return await self.app(scope, receive, send)
         if not self._allowed(scope):
             return await reject(send, "unauthorized", "missing or invalid API key",

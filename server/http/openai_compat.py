@@ -6,6 +6,14 @@ conversation is kept (metadata `source: openai`) so it is auditable like any
 other. System messages are ignored: the agent's own instructions apply. The
 agent's tool calls happen inside the turn and are not surfaced as OpenAI
 tool calls.
+
+`response_format` is honoured: `{"type": "json_schema", "json_schema":
+{"schema", "name"?, "strict"?}}` makes the answer JSON valid against that
+schema for this turn (instead of the agent's `output_schema`), `{"type":
+"json_object"}` any JSON object; the model is asked to repair an invalid
+answer, then the request fails with `output_invalid`. OpenAI-compatible
+upstream models get it natively. A streamed turn with a schema sends its
+answer whole when it is valid, not the deltas of attempts that were not.
 """
 
 from __future__ import annotations
@@ -15,13 +23,16 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ..compiler.metaschema import check_schema
 from ..errors import CorralError, RequestError
 from ..messages import AssistantMessage, Message, UserMessage
+from ..runtime.structured import OutputSchema
 from ..runtime.turn import CANCELLED_ERROR
 from .plumbing import read_json, sse_response
 
@@ -38,6 +49,7 @@ class ChatRequest(BaseModel):
     messages: list[ChatMessage] = Field(min_length=1)
     stream: StrictBool = False
     stream_options: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
 
 
 def _text(content: str | list[dict[str, Any]] | None) -> str:
@@ -58,23 +70,48 @@ def _history(messages: list[ChatMessage]) -> tuple[list[Message], str]:
     return history, _text(messages[-1].content)
 
 
+def _output(response_format: dict[str, Any] | None) -> OutputSchema | None:
+    """The JSON the answer must be, from OpenAI's `response_format` (None: free text)."""
+    kind = (response_format or {}).get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return OutputSchema.json_object()
+    if kind != "json_schema":
+        raise RequestError("response_format.type must be text, json_object or json_schema")
+    spec = (response_format or {}).get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+        raise RequestError("response_format json_schema needs json_schema.schema, a JSON Schema object")
+    try:
+        check_schema(spec["schema"])
+    except SchemaError as exc:
+        raise RequestError(f"response_format.json_schema.schema is not a valid JSON Schema: {exc.message}",
+                           details={"path": list(exc.path)}) from None
+    native = {k: spec[k] for k in ("name", "description", "schema", "strict") if k in spec}
+    return OutputSchema(spec["schema"], {"type": "json_schema", "json_schema": {"name": "output", **native}})
+
+
 async def chat_completions(request: Request) -> Response:
     service = request.app.state.service
     body = await read_json(request, ChatRequest)
     history, text = _history(body.messages)
     if not text:
         raise RequestError("the last user message is empty")
+    output = _output(body.response_format)
     conversations = service.conversations
     conversation = await conversations.create(body.model, None, {"source": "openai"})
     if history:
         await service.store.append_messages(conversation.id, "", history, time.time())
-    turn = await conversations.send(conversation.id, text)
+    turn = await conversations.send(conversation.id, text, output=output)
     completion_id = "chatcmpl-" + turn.id
     created = int(time.time())
     if body.stream:
         usage = bool((body.stream_options or {}).get("include_usage"))
+        # with a schema, an answer that needed a repair streamed deltas that are not the answer
+        whole = output is not None or (await service.registry.resolve(
+            f"{conversation.agent_name}@{conversation.digest}")).agent.output_schema is not None
         events = conversations.events(conversation.id, after=turn.started_seq - 1, until_turn=turn.id)
-        chunks = _chunks(events, completion_id, created, body.model, usage)
+        chunks = _chunks(events, completion_id, created, body.model, usage, whole=whole)
         return sse_response(chunks, service.metrics)
     result = await conversations.result(turn)
     if not result.completed:
@@ -95,7 +132,8 @@ def _usage(usage: dict[str, int]) -> dict[str, int]:
 
 
 async def _chunks(events: AsyncIterator[Any], completion_id: str, created: int, model: str,
-                  include_usage: bool) -> AsyncIterator[bytes]:
+                  include_usage: bool, *, whole: bool = False) -> AsyncIterator[bytes]:
+    """OpenAI's chunks of a turn's events; `whole`: the answer in one chunk once valid, no deltas."""
     def frame(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
         choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
         chunk = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
@@ -106,9 +144,11 @@ async def _chunks(events: AsyncIterator[Any], completion_id: str, created: int, 
     async for event in events:
         if event is None:
             yield b": keep-alive\n\n"
-        elif event.name == "message.delta":
+        elif event.name == "message.delta" and not whole:
             yield frame({"content": event.data["text"]})
         elif event.name == "turn.completed":
+            if whole:
+                yield frame({"content": event.data.get("output") or ""})
             yield frame({}, "stop")
             if include_usage:
                 body = {"id": completion_id, "object": "chat.completion.chunk", "created": created,

@@ -27,7 +27,7 @@ from starlette.routing import BaseRoute, Route
 
 from .. import __version__
 from ..errors import ERRORS, TURN_FAILURES, forms
-from . import agents, conversations, deployments, health, openai_compat, permissions
+from . import agents, closures, conversations, deployments, health, openai_compat, permissions
 from .browsers import BODY_METHODS
 from .guards import OPEN_PATHS
 
@@ -72,6 +72,8 @@ DOCS: dict[Callable[..., Any] | type, Doc] = {
     agents.list_definitions: Doc("The set digest and every definition"),
     agents.get_definition: Doc("One definition's normalized spec", ("invalid_request", "not_found")),
     agents.list_models: Doc("OpenAI-compatible model list (the agents)"),
+    closures.get_closure: Doc("An agent's closure at any digest it was served with: every definition's "
+                              "spec, digest and source", REF),
     deployments.reload: Doc("Compile and swap now; the report", STORE),
     deployments.list_replicas: Doc("The replicas serving this state (heartbeat, set digest, turns)", STORE),
     deployments.history: Doc("Past swaps, newest first", ("invalid_request", *STORE), query=PAGE),
@@ -82,13 +84,20 @@ DOCS: dict[Callable[..., Any] | type, Doc] = {
     conversations.create_conversation: Doc("Create a conversation", REF,
                                            body=conversations.CreateConversation, status=201),
     conversations.list_conversations: Doc(
-        "List conversations", ("invalid_request", *STORE),
-        query=(*PAGE, ("agent", "string"), ("digest", "string"), ("status", "string"))),
+        "List conversations (archived ones only with archived=true)", ("invalid_request", *STORE),
+        query=(*PAGE, ("agent", "string"), ("digest", "string"), ("status", "string"),
+               ("archived", "boolean"))),
     conversations.get_conversation: Doc("Read a conversation", IN_CONVERSATION),
+    conversations.update_conversation: Doc("Rename, replace the metadata, archive or unarchive",
+                                           ("invalid_request", *IN_CONVERSATION),
+                                           body=conversations.UpdateConversation),
+    conversations.fork_conversation: Doc(
+        "Fork: a new conversation with the transcript before a turn (or all of it), on an agent reference",
+        (*REF, *IN_CONVERSATION, "turn_not_found"), body=conversations.ForkConversation, status=201),
     conversations.delete_conversation: Doc("Delete a conversation", ("conversation_busy", *IN_CONVERSATION),
                                            status=204, media=""),
     conversations.send_message: Doc(
-        "Run a turn (JSON, or SSE with stream)",
+        "Run a turn (JSON, or SSE with stream); with if_busy steer into a running turn, 202 {turn_id}",
         (*REF, *IN_CONVERSATION, "conversation_busy", "idempotency_key_reused", "conflict", "overloaded"),
         body=conversations.SendMessage),
     conversations.list_messages: Doc("The transcript", CURSORS, query=PAGE),
@@ -96,6 +105,10 @@ DOCS: dict[Callable[..., Any] | type, Doc] = {
     conversations.conversation_events: Doc("The conversation's events (Last-Event-ID resumes)", CURSORS,
                                            query=(("after", "integer"),), media=SSE),
     conversations.interrupt: Doc("Cancel the running turn", IN_CONVERSATION),
+    conversations.get_context: Doc("What the next model request will carry: window, used (tokens), source "
+                                   "(actual or estimated), threshold, compactions", (*REF, *IN_CONVERSATION)),
+    conversations.compact: Doc("Compact the conversation's context now (a summary, or old tool results cut)",
+                               (*REF, *IN_CONVERSATION, "conversation_busy", "model_error")),
     permissions.audit: Doc("Permission requests and decisions", IN_CONVERSATION),
     permissions.decide: Doc("Answer a permission request",
                             ("invalid_request", "not_found", "conflict", *IN_CONVERSATION),

@@ -3,7 +3,10 @@
 Each agent is a tool named after it, input `{"message", "conversation_id"?,
 "agent"?}` (`agent` pins a digest or alias: `support@sha256:…`,
 `support@prod`); the result's text is the answer and its structured content
-`{conversation_id, turn_id, digest}` lets a client continue. Progress flows
+`{conversation_id, turn_id, digest}` lets a client continue (and, for an
+agent with an `output_schema`, `structured` holds the answer's parsed JSON
+value; `context` says how full the conversation's context window is, as
+`GET …/context` does). Progress flows
 while the turn runs; a client's cancellation cancels the turn. Definitions
 are resources (`corral://definitions/{kind}/{name}`), skills are prompts.
 
@@ -20,6 +23,7 @@ data is the error envelope; never a protocol-level crash.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import warnings
@@ -46,6 +50,8 @@ from ..canonical import thaw
 from ..compiler.definitions import PATH_KINDS, AgentDefinition, SkillDefinition
 from ..deployment.reports import SwapReport
 from ..errors import TOOL_RESULT, CorralError, envelope, forms
+from ..runtime.conversations import Steered
+from ..runtime.structured import MISSING
 from ..runtime.turn import ActiveTurn
 from ..service import Service
 
@@ -65,7 +71,10 @@ INPUT_SCHEMA = {
 OUTPUT_SCHEMA = {
     "type": "object",
     "properties": {"conversation_id": {"type": "string"}, "turn_id": {"type": "string"},
-                   "digest": {"type": "string"}, "status": {"type": "string"}},
+                   "digest": {"type": "string"}, "status": {"type": "string"},
+                   "structured": {"description": "The answer's JSON value (agents with an output_schema)."},
+                   "context": {"type": "object", "description": "How full the conversation's context is: "
+                               "window, used, source, threshold, compactions (GET …/context)."}},
     "required": ["conversation_id", "turn_id", "digest"],
 }
 _validator = Draft202012Validator(INPUT_SCHEMA)
@@ -155,6 +164,12 @@ class AgentsMCP:
             return _tool_error("invalid_request", "; ".join(p.message for p in problems[:3]))
         try:
             return await self._run(ctx, params.name, arguments)
+        except Steered as steered:  # the agent's `on_busy: steer`, and a turn was running
+            return types.CallToolResult(
+                content=[types.TextContent(type="text", text=f"The message was added to the running turn "
+                                                               f"{steered.turn_id}.")],
+                structured_content={"conversation_id": steered.conversation_id, "turn_id": steered.turn_id,
+                                    "digest": steered.digest, "status": "steered"})
         except CorralError as exc:
             return _tool_error(exc.code, exc.message, details=exc.details)
         except Exception:
@@ -195,11 +210,21 @@ class AgentsMCP:
         result = await conversations.result(turn)
         structured = {"conversation_id": conversation.id, "turn_id": result.turn_id,
                       "digest": result.digest, "status": result.status}
+        structured.update(await self._context(conversation.id))
         if not result.completed:
             error = result.failure()
             return _tool_error(error["code"], error["message"], structured, details=error.get("details"))
+        if result.structured is not MISSING:
+            structured["structured"] = result.structured
         return types.CallToolResult(content=[types.TextContent(type="text", text=result.output or "")],
                                     structured_content=structured)
+
+    async def _context(self, conversation_id: str) -> dict[str, Any]:
+        """`{"context": …}`: how full the conversation's context is; nothing when that cannot be said
+        (its agent is gone from the definitions, the store failed)."""
+        with contextlib.suppress(CorralError):
+            return {"context": await self.service.conversations.context(conversation_id)}
+        return {}
 
     async def _progress(self, ctx: ServerRequestContext, conversation_id: str,
                         turn: ActiveTurn) -> dict[str, Any] | None:

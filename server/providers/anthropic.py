@@ -11,6 +11,9 @@ The event stream: `message_start` (input usage), `content_block_start` /
 emitted whole at its block's stop), `message_delta` (stop reason, output
 usage), `message_stop`; `ping` is ignored and `error` fails the call
 (retryable when the server is overloaded or failed internally).
+
+A request's `response_format` (an output schema) is not sent: the API has no
+such field, and the agent loop's instructions and repairs see to the form.
 """
 
 from __future__ import annotations

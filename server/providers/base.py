@@ -15,9 +15,9 @@ key in the message.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..compiler.definitions import ModelDefinition
 from ..errors import ProviderError  # noqa: F401  (re-exported: the port's one failure)
@@ -29,6 +29,9 @@ class ModelRequest:
     instructions: str
     messages: tuple[Message, ...]
     tools: tuple[ToolSpec, ...] = ()
+    # The answer's JSON form, as OpenAI's wire spells it ({"type": "json_schema", "json_schema": {...}} or
+    # {"type": "json_object"}): providers that take it natively send it; the others ignore it.
+    response_format: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,8 @@ call time. The transcript becomes `system` / `user` / `assistant` (with
 `tool_calls`, arguments JSON-encoded) / `tool` messages. Tool-call pieces are
 assembled by `index` and emitted whole when the choice finishes; usage comes
 from the last chunk, after the finish reason, so `Finish` is sent at `[DONE]`
-(or at the end of the stream).
+(or at the end of the stream). A turn with an output schema sends it as
+`response_format`.
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ class OpenAIProvider:
             body["temperature"] = d.temperature
         if request.tools:
             body["tools"] = [_tool(t) for t in request.tools]
+        if request.response_format is not None:  # structured output, natively
+            body["response_format"] = thaw(request.response_format)
         return body
 
 

@@ -1,11 +1,16 @@
 """Conversations: turns one at a time, run server-side, persisted as they go.
 
-Responsible for: creating, reading and deleting conversations; starting a
-turn when `admission` lets it in (one at a time, under the busy policy) and
+Responsible for: creating, reading, updating (title, metadata, archived),
+forking and deleting conversations; starting a turn when `admission` lets
+it in (one at a time, under the busy policy) and
 `idempotency` finds no turn the request's key already names; running each
 turn in the service's task group (so a client that disconnects cancels
 nothing); interrupting it; draining at shutdown; and the result of a turn
-that ended (`TurnResult`). Event streams are `streams`'.
+that ended (`TurnResult`). Event streams are `streams`'. `if_busy: steer`
+(`_steer`) hands a message to the running turn through the store (the turn
+picks it up before its next model request; one that ends first leaves it a
+turn of its own); `context` and `compact` answer and act on the
+conversation's context (`context`).
 
 Not responsible for: what a turn does (`loop`, driven by `turns`), how it is
 built (`plans`), or which definitions are current (`registry`).
@@ -24,7 +29,15 @@ from anyio.abc import TaskGroup
 
 from ..compiler.definitions import Closure
 from ..deployment.registry import Registry, split_ref
-from ..errors import ConversationBusy, ConversationNotFound, CorralError, IdempotencyKeyReused, RequestError
+from ..errors import (
+    ConversationBusy,
+    ConversationNotFound,
+    CorralError,
+    IdempotencyKeyReused,
+    RequestError,
+    StorageError,
+    TurnNotFound,
+)
 from ..ids import new_id
 from ..messages import Message
 from ..metrics import Metrics
@@ -35,11 +48,23 @@ from .events import EventHub
 from .idempotency import IdempotencyKeys, request_digest
 from .plans import Runtime
 from .streams import EventStreams
+from .structured import MISSING, OutputSchema
+from .structured import stored as stored_structured
 from .turn import ENDED_STATUSES, ActiveTurn, Failed, TurnResult
 from .turns import TurnRunner
 
 log = logging.getLogger("corral.conversations")
 T = TypeVar("T")
+
+
+class Steered(Exception):
+    """`if_busy: steer`: the message went to the running turn `turn_id` (HTTP answers 202)."""
+
+    def __init__(self, conversation: ConversationRecord, turn_id: str):
+        super().__init__(turn_id)
+        self.conversation_id = conversation.id
+        self.digest = conversation.digest
+        self.turn_id = turn_id
 
 
 class Conversations:
@@ -112,6 +137,7 @@ class Conversations:
             return
         log.warning("turn %s of conversation %s resumed (attempt %d)", turn.id, conversation.id,
                     turn.attempts)
+        self.runner.steered.add(turn.id)  # messages steered into it before the stop wait in the store
         assert self._tg is not None
         await self._tg.start(self._run_turn, conversation, closure, active, checkpoint)
 
@@ -137,6 +163,47 @@ class Conversations:
                                        details={"conversation_id": conversation_id})
         return record
 
+    async def update(self, conversation_id: str, **fields: Any) -> ConversationRecord:
+        """Rename, replace the metadata, archive or unarchive (`fields`: title, metadata, archived)."""
+        title = fields.get("title")
+        if title is not None and "\x00" in title:
+            raise RequestError("the title must not contain NUL characters")
+        if not await self.store.update_conversation(conversation_id, now=time.time(), **fields):
+            raise ConversationNotFound(f"no conversation {conversation_id!r}",
+                                       details={"conversation_id": conversation_id})
+        return await self.get(conversation_id)
+
+    async def fork(self, conversation_id: str, *, before_turn_id: str | None = None, agent: str | None = None,
+                   title: str | None = None) -> ConversationRecord:
+        """A new conversation holding the transcript up to (not including) `before_turn_id`, or all of it.
+
+        Only turns that ended are copied (a running turn's messages are not), and no turn or event:
+        the fork starts with an empty event log (see `Store.fork_conversation`). It runs on `agent`
+        (any reference, resolved as at creation), else on the source's reference as it was asked
+        for (a pinned source's fork stays pinned); it keeps the source's metadata, and its title
+        unless one is given; it is not archived. `forked_from` names the source and the turn.
+        """
+        if title is not None and "\x00" in title:
+            raise RequestError("the title must not contain NUL characters")
+        source = await self.get(conversation_id)
+        if before_turn_id is not None:
+            turn = await self.store.get_turn(before_turn_id)
+            if turn is None or turn.conversation_id != source.id:
+                raise _turn_not_found(source.id, before_turn_id)
+        ref = agent or source.agent
+        closure = await self.registry.resolve(ref)
+        now = time.time()
+        record = ConversationRecord(
+            id=new_id("conv"), agent=ref, agent_name=closure.agent.name, digest=closure.agent.digest,
+            pinned=split_ref(ref)[1] is not None, title=source.title if title is None else title,
+            metadata=source.metadata, status="idle", created_at=now, updated_at=now,
+            forked_from={"conversation_id": source.id, "turn_id": before_turn_id},
+        )
+        if not await self.store.fork_conversation(source.id, record, before_turn_id):
+            await self.get(source.id)  # deleted meanwhile: conversation_not_found
+            raise _turn_not_found(source.id, before_turn_id or "")
+        return record
+
     async def delete(self, conversation_id: str) -> None:
         holder = await self.admission.holder(conversation_id)
         if holder is not None:
@@ -148,20 +215,27 @@ class Conversations:
     # --- turns ---------------------------------------------------------------
 
     async def send(self, conversation_id: str, text: str, *, if_busy: str | None = None,
-                   idempotency_key: str | None = None) -> ActiveTurn:
-        """Start a turn (or find the one this idempotency key started); returns once it is running."""
+                   idempotency_key: str | None = None, output: OutputSchema | None = None) -> ActiveTurn:
+        """Start a turn (or find the one this idempotency key started); returns once it is running.
+
+        `output`: the JSON this turn's answer must be, instead of the agent's `output_schema` (the
+        OpenAI route's `response_format`); held in memory only, so a turn resumed elsewhere after a
+        crash runs on the agent's own."""
         if "\x00" in text:  # no store keeps it as text (PostgreSQL refuses it), and no model reads it
             raise RequestError("the message must not contain NUL characters")
         conversation = await self.get(conversation_id)
         if not self.accepting:
             raise CorralError("the server is shutting down", code="overloaded")
         self.admission.check_capacity()
+        if if_busy == "steer" or (if_busy is None and await self._steers(conversation)):
+            await self._steer(conversation, text)  # raises Steered, unless no turn runs to take it
+            if_busy = "enqueue"  # a turn of its own, as `enqueue` would start it
         if not idempotency_key:
-            return await self._start(conversation, text, if_busy, None, None)
+            return await self._start(conversation, text, if_busy, None, None, output)
         asked = request_digest(text, if_busy)
         return await self.keys.once(
             conversation_id, idempotency_key, asked,
-            start=lambda: self._start(conversation, text, if_busy, idempotency_key, asked),
+            start=lambda: self._start(conversation, text, if_busy, idempotency_key, asked, output),
             stored=self._stored)
 
     async def _stored(self, turn: TurnRecord) -> ActiveTurn:
@@ -173,7 +247,7 @@ class Conversations:
         return found
 
     async def _start(self, conversation: ConversationRecord, text: str, if_busy: str | None,
-                     key: str | None, asked: str | None) -> ActiveTurn:
+                     key: str | None, asked: str | None, output: OutputSchema | None = None) -> ActiveTurn:
         closure = await self.registry.resolve(conversation.agent)
         turn_id = new_id("turn")
         try:
@@ -194,6 +268,7 @@ class Conversations:
             closure = await self.registry.resolve(conversation.agent)
             turn = self._turn(conversation, closure, text, key, turn_id, asked)
             turn.fence = fence
+            turn.output = output
             self.admission.start(conversation.id, turn)
             assert self._tg is not None
             await self._tg.start(self._run_turn, conversation, closure, turn)
@@ -224,6 +299,90 @@ class Conversations:
                 # released with its ending; or not ours to release (it goes on elsewhere)
                 recorded = turn.ending is not None and turn.ending.done > 0
                 await self.admission.leave(conversation.id, turn.id, released=recorded or bool(turn.stopped))
+                if turn.stopped is None:
+                    await self._left_steered(conversation.id, turn.id)
+
+    # --- steering (`if_busy: steer`) ----------------------------------------------
+
+    async def _steers(self, conversation: ConversationRecord) -> bool:
+        """Whether the conversation's agent steers a message sent while it is busy (`on_busy: steer`)."""
+        return (await self.registry.resolve(conversation.agent)).agent.on_busy == "steer"
+
+    async def _steer(self, conversation: ConversationRecord, text: str) -> None:
+        """Add the message to the running turn (raise `Steered`); return when no turn runs to take it.
+
+        The message waits in the store for the turn (on whichever replica) to pick it up before its
+        next model request; the replica running it is told at once. A turn that ended meanwhile,
+        without picking it up, leaves it to this request, which then starts a turn of its own (and
+        a turn that ends later with messages left starts one for them, see `_left_steered`).
+        """
+        holder = await self.admission.holder(conversation.id)
+        if holder is None or not holder.turn_id.startswith("turn_"):  # idle, or a compaction
+            return
+        steer_id = await self.store.add_steer(conversation.id, holder.turn_id, text, time.time())
+        if holder.replica == self.store.replica:
+            self.runner.steered.add(holder.turn_id)  # after the row: a turn that looks finds it
+        else:
+            await self.store.notify({"t": "steer", "c": conversation.id, "turn": holder.turn_id,
+                                     "to": holder.replica})
+        now = await self.admission.holder(conversation.id)
+        if (now is None or now.turn_id != holder.turn_id) and await self.store.drop_steers(
+                conversation.id, holder.turn_id, steer_id):
+            return  # it ended before taking the message
+        raise Steered(conversation, holder.turn_id)
+
+    async def _left_steered(self, conversation_id: str, turn_id: str) -> None:
+        """A turn that ended here: the messages steered into it that it did not pick up each start a
+        turn of their own. (Several replicas: a notice may be late, so the store is always asked.)"""
+        if turn_id not in self.runner.steered and self.store.embedded:
+            return
+        self.runner.steered.discard(turn_id)
+        try:
+            left = await self.store.drop_steers(conversation_id, turn_id)
+        except StorageError:
+            log.error("could not read the messages steered into turn %s", turn_id)
+            return
+        if left and self._tg is not None:
+            self._tg.start_soon(self._steered_turns, conversation_id, left)
+
+    async def _steered_turns(self, conversation_id: str, contents: list[str]) -> None:
+        for content in contents:
+            try:
+                await self.send(conversation_id, content, if_busy="enqueue")
+            except CorralError as exc:
+                log.error("a message steered into an ended turn of conversation %s was lost: %s",
+                          conversation_id, exc.message)
+
+    def on_notice(self, notice: dict[str, Any]) -> None:
+        """A replica's notice: a message steered into a turn running here, or a resync."""
+        if notice.get("t") == "steer" and notice.get("to") == self.store.replica:
+            self.runner.steered.add(str(notice.get("turn")))
+        elif notice.get("t") == "resync":  # notices may have been lost: every turn here looks
+            self.runner.steered.update(turn.id for turn in self.running_turns())
+            self.runner.contexts.forget()
+
+    # --- context (§10) -----------------------------------------------------------
+
+    async def context(self, conversation_id: str) -> dict[str, Any]:
+        """What the conversation's next model request will carry: window, tokens used and their source."""
+        conversation = await self.get(conversation_id)
+        closure = await self.registry.resolve(conversation.agent)
+        return await self.runner.contexts.usage(conversation.id, closure)
+
+    async def compact(self, conversation_id: str) -> dict[str, Any]:
+        """Compact the conversation's context now (under the threshold too); 409 while a turn runs.
+
+        The compaction holds the conversation as a turn would (no turn starts meanwhile), and commits
+        its view with its `context.compacted` event under that hold."""
+        conversation = await self.get(conversation_id)
+        closure = await self.registry.resolve(conversation.agent)
+        holder = new_id("compact")
+        fence = await self.admission.enter(conversation.id, holder, "reject")
+        try:
+            return await self.runner.contexts.compact_now(conversation.id, closure, holder, fence)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.admission.leave(conversation.id, holder)
 
     async def interrupt(self, conversation_id: str) -> str | None:
         """Cancel the running turn, on whichever replica it runs; returns its id, or None when idle."""
@@ -312,7 +471,21 @@ class Conversations:
         messages = turn.messages if turn.messages is not None else await self._turn_messages(record)
         return TurnResult(turn_id=record.id, conversation_id=record.conversation_id, digest=record.digest,
                           status=record.status, output=record.output, messages=tuple(messages),
-                          usage=record.usage, error=record.error)
+                          usage=record.usage, error=record.error,
+                          structured=await self._structured(turn, record))
+
+    async def _structured(self, turn: ActiveTurn, record: TurnRecord) -> Any:
+        """The parsed output of a turn that ran with an output schema (`structured.MISSING` if none):
+        as it ended here, else (a stored turn, one that ended elsewhere) its agent's schema says."""
+        if record.status != "completed":
+            return MISSING
+        if turn.ending is not None:
+            return turn.ending.data.get("structured", MISSING)
+        try:
+            closure = await self.registry.resolve(f"{record.agent}@{record.digest}")
+        except CorralError:
+            return MISSING
+        return stored_structured(closure.agent, record.output)
 
     async def _turn_messages(self, turn: TurnRecord) -> list[Message]:
         records = await self.store.list_messages(turn.conversation_id, limit=100_000)
@@ -322,3 +495,8 @@ class Conversations:
                until_turn: str | None = None) -> AsyncIterator[EventRecord | None]:
         """See `EventStreams.events`."""
         return self.streams.events(conversation_id, after, until_turn)
+
+
+def _turn_not_found(conversation_id: str, turn_id: str) -> TurnNotFound:
+    return TurnNotFound(f"conversation {conversation_id!r} has no turn {turn_id!r}",
+                        details={"conversation_id": conversation_id, "turn_id": turn_id})

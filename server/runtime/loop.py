@@ -18,12 +18,23 @@ again only if its tool is `replay_safe`; otherwise the model gets an error
 result saying the outcome is unknown, and `tool.finished` says
 `"outcome": "unknown"`. Every call carries an execution key that is the
 same on every attempt, so what it reaches can deduplicate.
+
+Context (`context`): before each model request, messages steered into the
+running turn join it (`steers`), and the request carries the conversation's
+view (`window`: compacted when it must be, refused when it cannot fit).
+
+Budgets and structured output (`budgets`, `structured`): a turn's `budget`
+is checked before each model request (on an estimate) and after it (on the
+reported usage), and `Spent` reports what the turn spent so far after each
+request; with an `output` schema, a final answer that is not valid JSON for
+it gets a repair message (at most `structured.MAX_REPAIRS`), then the turn
+fails with `output_invalid`; `Done` then carries the JSON text and its value.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -35,8 +46,12 @@ from ..errors import RunError, ToolError
 from ..messages import AssistantMessage, Message, ToolCall, ToolResultMessage, Usage, UserMessage
 from ..providers.base import Finish, ModelPort, ModelRequest, TextDelta, ToolCallChunk, UsageChunk
 from ..tools.base import ToolContext, ToolOutput, ToolPort, for_call
+from .budgets import Budget, TurnSpend
+from .structured import MAX_REPAIRS as MAX_OUTPUT_REPAIRS
+from .structured import MISSING, OutputProblem, OutputSchema
 
 if TYPE_CHECKING:
+    from .context import ContextWindow
     from .hooks import Hooks
 
 MAX_REPAIRS = 3
@@ -60,13 +75,19 @@ class Append:
 
 
 @dataclass(frozen=True, slots=True)
+class Spent:
+    usage: Usage  # what the turn's model requests have used so far (reported by the providers)
+
+
+@dataclass(frozen=True, slots=True)
 class Done:
     output: str
     stop_reason: str
     usage: Usage
+    structured: Any = MISSING  # the output's value, when the turn had an output schema
 
 
-LoopEvent = Emit | Append | Done
+LoopEvent = Emit | Append | Spent | Done
 
 
 @dataclass
@@ -85,6 +106,10 @@ class TurnPlan:
     resumed: tuple[Message, ...] = ()  # what an earlier attempt of this turn committed
     started: frozenset[str] = frozenset()  # tool calls whose `tool.started` is committed
     unknown: frozenset[str] = frozenset()  # ... and which may have run, with no result committed
+    budget: Budget | None = None  # the agent's token budget (`budgets`)
+    output: OutputSchema | None = None  # the JSON the final answer must be (`structured`)
+    window: ContextWindow | None = None  # what each model request carries, compacted (`context`)
+    steers: Callable[[], Awaitable[list[Message]]] | None = None  # messages steered in, once committed
 
 
 def _clip(text: str) -> str:
@@ -94,6 +119,8 @@ def _clip(text: str) -> str:
 class _Guards:
     def __init__(self) -> None:
         self.repairs = 0
+        self.output_repairs = 0  # answers that were not the JSON of the turn's output schema
+        self.stop_rounds = 0  # times a stop hook had the turn go on
         self.calls: Counter[bytes] = Counter()
 
     def check_loop(self, call: ToolCall) -> None:
@@ -159,6 +186,16 @@ async def _stream_step(plan: TurnPlan, request: ModelRequest, step: _Step) -> As
                 step.usage = step.usage + chunk.usage
             elif isinstance(chunk, Finish):
                 step.stop_reason = chunk.stop_reason
+    if plan.window is not None:  # the provider's count of what the request carried, if it gave one
+        plan.window.observe(step.usage)
+
+
+async def _carried(plan: TurnPlan, messages: list[Message]) -> tuple[Message, ...]:
+    """What the next request carries: the turn so far, with the messages steered into it since
+    (`if_busy: steer`), as the conversation's context window has it (compacted, or refused)."""
+    if plan.steers is not None:
+        messages += await plan.steers()
+    return tuple(messages) if plan.window is None else await plan.window.prepare(messages)
 
 
 async def run_turn(plan: TurnPlan) -> AsyncIterator[LoopEvent]:
@@ -174,30 +211,69 @@ async def run_turn(plan: TurnPlan) -> AsyncIterator[LoopEvent]:
         messages = [*plan.history, UserMessage(content=await _prompt(plan))]
         yield Append(messages[-1])
     specs = tuple(t.spec for t in plan.tools.values())
-    stop_rounds = 0
     steps_done = sum(isinstance(m, AssistantMessage) for m in plan.resumed)
+    instructions, response_format = _form(plan)
+    spend = TurnSpend(plan.budget, instructions, specs)
     for _ in range(max(plan.max_steps - steps_done, 0)):
         step = _Step()
-        async for event in _stream_step(plan, ModelRequest(plan.instructions, tuple(messages), specs), step):
+        request = ModelRequest(instructions, await _carried(plan, messages), specs, response_format)
+        spend.before(request)
+        async for event in _stream_step(plan, request, step):
             yield event
         usage = usage + step.usage
+        yield Spent(usage)
         text, calls, stop_reason = step.text, step.calls, step.stop_reason
         reply = AssistantMessage(content="".join(text), tool_calls=tuple(calls))
+        spend.after(step.usage, reply)
         messages.append(reply)
         yield Append(reply)
         if not calls:
-            reason = await _keep_going(plan, stop_rounds)
-            if reason is None:
-                yield Done(reply.content, stop_reason, usage)
+            follow_up = await _follow_up(plan, guards, reply)
+            if not isinstance(follow_up, UserMessage):
+                yield Done(follow_up[0], stop_reason, usage, follow_up[1])
                 return
-            stop_rounds += 1
-            messages.append(UserMessage(content=reason))
-            yield Append(messages[-1])
+            messages.append(follow_up)
+            yield Append(follow_up)
             continue
         for call in calls:
             async for event in _tool_call(plan, guards, call, messages):
                 yield event
     raise RunError(f"the agent did not finish within max_steps={plan.max_steps}", code="max_steps_exceeded")
+
+
+def _form(plan: TurnPlan) -> tuple[str, Mapping[str, Any] | None]:
+    """The instructions the model gets, and the `response_format` of providers that take one."""
+    if plan.output is None:
+        return plan.instructions, None
+    return plan.instructions + plan.output.note(), plan.output.response_format
+
+
+def _answer(plan: TurnPlan, guards: _Guards, reply: AssistantMessage) -> tuple[str, Any] | UserMessage:
+    """A final reply's output and structured value; or, when it is not the JSON the turn's schema asks
+    for, the message asking for a repair (past `MAX_OUTPUT_REPAIRS`, `output_invalid`)."""
+    if plan.output is None:
+        return reply.content, MISSING
+    try:
+        return plan.output.parse(reply.content)
+    except OutputProblem as problem:
+        guards.output_repairs += 1
+        if guards.output_repairs > MAX_OUTPUT_REPAIRS:
+            raise plan.output.failed(problem) from None
+        return UserMessage(content=plan.output.repair(problem))
+
+
+async def _follow_up(plan: TurnPlan, guards: _Guards,
+                     reply: AssistantMessage) -> tuple[str, Any] | UserMessage:
+    """After a reply without tool calls: what ends the turn (its output and structured value), or
+    the user message the model gets next (a repair, or a stop hook's reason to go on)."""
+    answer = _answer(plan, guards, reply)
+    if isinstance(answer, UserMessage):
+        return answer
+    reason = await _keep_going(plan, guards.stop_rounds)
+    if reason is None:
+        return answer
+    guards.stop_rounds += 1
+    return UserMessage(content=reason)
 
 
 async def _resume(plan: TurnPlan, guards: _Guards, messages: list[Message]) -> AsyncIterator[LoopEvent]:
@@ -207,7 +283,12 @@ async def _resume(plan: TurnPlan, guards: _Guards, messages: list[Message]) -> A
         return  # the prompt (or a stop hook's reason) is the last word: the next model step follows
     reply = replies[-1]
     if not reply.tool_calls and plan.resumed[-1] is reply:
-        yield Done(reply.content, "end_turn", Usage())
+        answer = _answer(plan, guards, reply)
+        if isinstance(answer, UserMessage):  # cut off before its repair was asked for: ask now
+            messages.append(answer)
+            yield Append(answer)
+        else:
+            yield Done(answer[0], "end_turn", Usage(), answer[1])
         return
     after = plan.resumed[plan.resumed.index(reply) + 1:]
     answered = {m.tool_call_id for m in after if isinstance(m, ToolResultMessage)}

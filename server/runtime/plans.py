@@ -42,8 +42,10 @@ from ..tools.base import ToolContext, ToolPort
 from ..tools.confinement import Secrets
 from ..tools.skills import ActivateSkill, ReadSkillResource, skills_prompt
 from ..tools.subagent import SubAgentTool
+from .budgets import Budget
 from .guard import Guarded
 from .loop import Done, TurnPlan, run_turn
+from .structured import OutputSchema
 
 if TYPE_CHECKING:
     from .hooks import Hooks, Transcript
@@ -211,4 +213,6 @@ class Runtime:
             input=text,
             max_steps=agent.max_steps,
             context=context,
+            budget=Budget.of_agent(agent),
+            output=OutputSchema.of_agent(agent),
         )

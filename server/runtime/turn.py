@@ -25,6 +25,7 @@ import anyio
 
 from ..messages import Message, Usage
 from ..store.base import TurnRecord
+from .structured import MISSING, OutputSchema
 
 TERMINAL_EVENTS = ("turn.completed", "turn.failed", "turn.cancelled")
 ENDED_STATUSES = ("completed", "failed", "cancelled")
@@ -37,11 +38,13 @@ class Completed:
     output: str
     stop_reason: str
     usage: Usage
+    structured: Any = MISSING  # the output's value, when the turn had an output schema
 
 
 @dataclass(frozen=True)
 class Failed:
     error: Mapping[str, Any]  # the envelope's body: {"code", "message", "details"?}
+    usage: Usage | None = None  # what its model requests used before it failed
 
 
 @dataclass(frozen=True)
@@ -80,12 +83,16 @@ def ending_of(turn: TurnRecord, outcome: Outcome, now: float) -> Ending:
     if isinstance(outcome, Interrupted):
         outcome = Failed(INTERRUPTED_ERROR)
     match outcome:
-        case Completed(output=output, stop_reason=stop_reason, usage=usage):
+        case Completed(output=output, stop_reason=stop_reason, usage=usage, structured=structured):
             changes.update(status="completed", output=output, stop_reason=stop_reason, usage=usage.to_json())
             data.update(output=output, stop_reason=stop_reason, usage=usage.to_json())
+            if structured is not MISSING:
+                data["structured"] = structured
             event = "turn.completed"
-        case Failed(error=error):
+        case Failed(error=error, usage=usage):
             changes.update(status="failed", error=dict(error))
+            if usage is not None:  # spent all the same: a conversation's budget counts it
+                changes["usage"] = usage.to_json()
             data["error"] = dict(error)
             event = "turn.failed"
         case _:
@@ -110,6 +117,8 @@ class ActiveTurn:
     fence: int | None = None  # the fencing token its conversation is held under: every write names it
     stopped: str | None = None  # "lost" (another replica took it over) or "handed_over": it goes on elsewhere
     hand_off: bool = False  # a stopping replica asks it to stop at its next checkpoint
+    usage: Usage | None = None  # what its model requests used so far (`loop.Spent`)
+    output: OutputSchema | None = None  # the request's own output schema (the OpenAI route's), if any
     _interrupted: bool = False
 
     @property
@@ -166,6 +175,7 @@ class TurnResult:
     messages: tuple[Message, ...]
     usage: Mapping[str, int]
     error: Mapping[str, Any] | None = None
+    structured: Any = MISSING  # the parsed output, when the turn ran with an output schema
 
     @property
     def completed(self) -> bool:
@@ -179,6 +189,8 @@ class TurnResult:
         """The non-streaming HTTP answer (§8)."""
         body: dict[str, Any] = {"turn_id": self.turn_id, "digest": self.digest, "status": self.status,
                                 "output": self.output, "messages": [m.to_json() for m in self.messages]}
+        if self.structured is not MISSING:
+            body["structured"] = self.structured
         if self.error:
             body["error"] = dict(self.error)
         return body

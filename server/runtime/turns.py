@@ -29,11 +29,13 @@ from anyio.abc import TaskGroup
 
 from ..compiler.definitions import Closure
 from ..errors import CorralError, LeaseLost, StorageError
-from ..messages import Message, repair_history
+from ..messages import Message, UserMessage, repair_history
 from ..store.base import ConversationRecord, EventRecord, TurnRecord
 from ..tools.base import ToolContext
+from .budgets import Spending
 from .checkpoints import Checkpoint
-from .loop import Append, Done, Emit, run_turn
+from .context import Contexts
+from .loop import Append, Done, Emit, Spent, run_turn
 from .turn import ActiveTurn, Completed, Ending, Failed, HandOff, ending_of
 
 if TYPE_CHECKING:
@@ -52,6 +54,9 @@ class TurnRunner:
         self.hub = hub
         self.metrics = metrics
         self.transcripts = Transcripts(store)
+        self.spending = Spending(store)  # each conversation's tokens, for budgets per conversation
+        self.contexts = Contexts(store, runtime, self.transcripts, hub)  # what each request carries
+        self.steered: set[str] = set()  # turns here that may have steered messages to pick up
         self.unrecorded: list[Ending] = []  # endings the store could not take (see `finish`)
 
     def new_turn(self, conversation: ConversationRecord, closure: Closure, text: str,
@@ -120,10 +125,11 @@ class TurnRunner:
             except HandOff:
                 active.stopped = "handed_over"
             except CorralError as exc:
-                active.settle(Failed(exc.envelope()["error"]))
+                active.settle(Failed(exc.envelope()["error"], usage=active.usage))
             except Exception:  # a bug must fail this turn, not the task group every turn runs in
                 log.exception("turn %s failed unexpectedly", turn.id)
-                active.settle(Failed({"code": "internal", "message": "internal error during the turn"}))
+                active.settle(Failed({"code": "internal", "message": "internal error during the turn"},
+                                     usage=active.usage))
             finally:
                 with anyio.CancelScope(shield=True):
                     try:
@@ -153,8 +159,33 @@ class TurnRunner:
                                        transcript=lambda: (*past, *(active.messages or ())))
         if resumed is not None:
             plan = replace(plan, resumed=resumed.messages, started=resumed.started, unknown=resumed.unknown)
+        if active.output is not None:  # the request's own schema, for this turn (the OpenAI route's)
+            plan = replace(plan, output=active.output)
+        if plan.budget is not None and plan.budget.per_conversation is not None:
+            spent = await self.spending.before(conversation.id)
+            plan = replace(plan, budget=replace(plan.budget, spent_before=spent))
+        window = await self.contexts.window(conversation.id, closure, plan.instructions,
+                                            [t.spec for t in plan.tools.values()], history, len(past),
+                                            turn.id, active.fence, journal.flush)
+        plan = replace(plan, window=window, steers=lambda: self._steered(conversation.id, active, journal))
         async for event in run_turn(plan):
             await self._handle(active, journal, event)
+
+    async def _steered(self, conversation_id: str, active: ActiveTurn, journal: Journal) -> list[Message]:
+        """Messages steered into the turn since its last model request (`if_busy: steer`), now in its
+        transcript with their `message.steered` events (one transaction, after what waited)."""
+        if active.id not in self.steered:
+            return []
+        self.steered.discard(active.id)
+        await journal.flush()
+        now = time.time()
+        taken = await self.store.take_steers(conversation_id, active.id, now, fence=active.fence)
+        self.publish(conversation_id, [(seq, ("message.steered", {"turn_id": active.id, "content": content}))
+                                       for content, seq in taken], now)
+        messages: list[Message] = [UserMessage(content=content) for content, _ in taken]
+        for message in messages:
+            active.append(message)
+        return messages
 
     async def _handle(self, active: ActiveTurn, journal: Journal, event: Any) -> None:
         if isinstance(event, Emit):
@@ -169,8 +200,10 @@ class TurnRunner:
             active.append(event.message)
             if active.hand_off:  # a checkpoint: a stopping replica hands the turn over here
                 raise HandOff
+        elif isinstance(event, Spent):
+            active.usage = event.usage
         elif isinstance(event, Done):
-            active.settle(Completed(event.output, event.stop_reason, event.usage))
+            active.settle(Completed(event.output, event.stop_reason, event.usage, event.structured))
 
     async def finish(self, conversation: ConversationRecord, active: ActiveTurn) -> None:
         """Record how the turn ended; runs shielded, whatever happened."""
@@ -321,17 +354,27 @@ class Transcripts:
 
     def __init__(self, store: Store):
         self.store = store
-        self._cache: OrderedDict[str, tuple[int, list[Message]]] = OrderedDict()
+        # conversation -> (last seq, messages, the index of each turn's first message, the last turn id)
+        self._cache: OrderedDict[str, tuple[int, list[Message], list[int], str | None]] = OrderedDict()
 
     async def history(self, conversation_id: str) -> list[Message]:
-        last, messages = self._cache.pop(conversation_id, (0, []))
+        last, messages, starts, turn = self._cache.pop(conversation_id, (0, [], [], None))
         while True:
             page = await self.store.list_messages(conversation_id, after=last, limit=1000)
-            messages += [r.message for r in page]
+            for record in page:
+                if record.turn_id != turn:
+                    starts.append(len(messages))
+                    turn = record.turn_id
+                messages.append(record.message)
             last = page[-1].seq if page else last
             if len(page) < 1000:
                 break
-        self._cache[conversation_id] = (last, messages)
+        self._cache[conversation_id] = (last, messages, starts, turn)
         if len(self._cache) > self.SIZE:
             self._cache.popitem(last=False)
         return list(messages)
+
+    def turn_starts(self, conversation_id: str) -> list[int] | None:
+        """Where each turn begins in the history `history` last returned (None: not cached here)."""
+        cached = self._cache.get(conversation_id)
+        return cached[2] if cached is not None else None

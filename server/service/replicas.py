@@ -15,7 +15,8 @@ handled here in order: an event another replica persisted wakes this
 replica's readers of that conversation; a conversation's status and a swap
 go out on this replica's `/v1/events`; a released conversation wakes the
 turns queued for it here; a cancel reaches the turn it names; a permission
-decision reaches the call waiting on it; a reload reloads.
+decision reaches the call waiting on it; a message steered into a turn
+running here has it look for the message; a reload reloads.
 """
 
 from __future__ import annotations
@@ -190,12 +191,16 @@ class Replica:
     async def _handoff(self, notice: Notice) -> None:
         self._sweep_now.set()
 
+    async def _steer(self, notice: Notice) -> None:
+        self.conversations.on_notice(notice)
+
     async def _resync(self, notice: Notice) -> None:
         self.hub.poke_all()
         self.admission.on_notice(notice)
+        self.conversations.on_notice(notice)
         await self.permissions.on_notice(notice)
 
     _HANDLERS: dict[str, Callable[[Replica, Notice], Awaitable[None]]] = {
         "event": _event, "status": _status, "queue": _queue, "cancel": _queue, "permission": _permission,
-        "swap": _swap, "reload": _reload, "resync": _resync, "handoff": _handoff,
+        "swap": _swap, "reload": _reload, "resync": _resync, "handoff": _handoff, "steer": _steer,
     }

@@ -48,6 +48,18 @@ class ConversationRecord:
     status: str = "idle"  # idle | busy | waiting
     created_at: float = 0.0
     updated_at: float = 0.0
+    archived: bool = False  # lists leave it out unless asked for archived ones
+    forked_from: dict[str, Any] | None = None  # {"conversation_id", "turn_id" (None: all of it)}
+
+
+class _Unset:
+    """An argument not given (where None is a value: a title may be set to null)."""
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Any = _Unset()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,6 +172,25 @@ class ReplicaRecord:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ContextView:
+    """What a conversation's model requests carry instead of its older messages (a compaction, §10).
+
+    The transcript keeps every message; a request sends, in order, `summary` (if any), then the
+    messages after `upto_seq`, those up to `cut_seq` with their tool results' content cut. The
+    latest view of a conversation is the one in force; `number` counts its compactions from 1.
+    """
+
+    conversation_id: str
+    number: int
+    upto_seq: int  # messages with seq <= upto_seq are left out (summarized, or dropped)
+    cut_seq: int = 0  # tool results with seq <= cut_seq go with their content cut (truncate)
+    summary: str | None = None  # what the model is told of the messages left out
+    tokens: int = 0  # the tokens of a request with this view, when it was made
+    strategy: str = "summarize"  # summarize | truncate
+    created_at: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
 class StoredFile:
     """A file a definition points to, by the digest of its content (the file vault's shared copy)."""
 
@@ -195,8 +226,22 @@ class Store(Protocol):
     async def get_conversation(self, conversation_id: str) -> ConversationRecord | None: ...
     async def list_conversations(
         self, *, agent: str | None = None, digest: str | None = None, status: str | None = None,
-        limit: int = 50, after: str | None = None,
-    ) -> list[ConversationRecord]: ...  # newest first; `after` is a conversation id
+        limit: int = 50, after: str | None = None, archived: bool = False,
+    ) -> list[ConversationRecord]: ...  # newest first; `after` is a conversation id; archived or not
+    async def update_conversation(self, conversation_id: str, *, title: Any = UNSET, metadata: Any = UNSET,
+                                  archived: Any = UNSET, now: float) -> bool: ...
+    # ^ sets only the fields given (`UNSET`: left as it is; a title may be None) and `updated_at`;
+    # returns whether the conversation exists (nothing given: nothing written)
+    async def fork_conversation(self, source_id: str, new: ConversationRecord,
+                                before_turn_id: str | None) -> bool: ...
+    # ^ one transaction: `new` (its `forked_from` as given) and a copy of the source's transcript
+    # without the messages of its turns that have not ended (running, waiting) and, with
+    # `before_turn_id`, of that turn and those started after it (by (started_at, id)); messages the
+    # source holds from its own fork name no turn of it and are always copied. The copies are
+    # numbered from 1 in their order and keep their body, `created_at` and `turn_id` (the turn they
+    # were written in, so the history still groups by turn); no turn, event, queue entry or
+    # permission is copied: a fork starts with no turns of its own and an empty event log. Returns
+    # False, writing nothing, when the source does not exist or `before_turn_id` is not its turn
     async def delete_conversation(self, conversation_id: str) -> bool: ...  # with its turns, messages, events
     async def set_conversation_status(self, conversation_id: str, status: str, now: float) -> None: ...
 
@@ -297,3 +342,21 @@ class Store(Protocol):
     async def get_swap(self, swap_id: str) -> dict[str, Any] | None: ...  # the report, as recorded
     async def get_permission(self, request_id: str) -> PermissionRecord | None: ...
     async def list_permissions(self, conversation_id: str) -> list[PermissionRecord]: ...
+
+    # context management (§10): compacted views, and messages steered into a running turn
+    async def save_context_view(self, view: ContextView, turn_id: str, event: tuple[str, dict[str, Any]],
+                                now: float, *, fence: int | None = None) -> int: ...
+    # ^ the view and its event (`context.compacted`) in one transaction, fenced as `append` is (by
+    # `turn_id`, the holder: a turn, or a compaction of its own); returns the event's seq
+    async def get_context_view(self, conversation_id: str) -> ContextView | None: ...  # the latest
+    async def add_steer(self, conversation_id: str, turn_id: str, content: str, now: float) -> int: ...
+    # ^ a message for the running turn `turn_id` to pick up; returns its id
+    async def take_steers(self, conversation_id: str, turn_id: str, now: float,
+                          *, fence: int | None = None) -> list[tuple[str, int]]: ...
+    # ^ one transaction: the turn's pending messages, oldest first, move into the transcript as user
+    # messages of the turn, each with its `message.steered` {turn_id, content} event; fenced as
+    # `append` is; returns (content, event seq) of each (nothing pending: nothing written)
+    async def drop_steers(self, conversation_id: str, turn_id: str,
+                          steer_id: int | None = None) -> list[str]: ...
+    # ^ deletes and returns the turn's pending messages (or only `steer_id`), oldest first: what a
+    # turn that ended did not pick up

@@ -33,7 +33,8 @@ from typing import Any
 
 import asyncpg
 
-from .base import ConversationRecord, Notice
+from .base import UNSET, ConversationRecord, Notice
+from .postgres_context import ContextTables
 from .postgres_coordination import CoordinationTables
 from .postgres_listener import Listener
 from .postgres_pool import CHANNEL, NOTICE_LIMIT, PostgresBase, dumps, notice_sql
@@ -44,7 +45,7 @@ from .postgres_turns import TurnTables
 from .stats import StoreStats
 
 
-class PostgresStore(TurnTables, CoordinationTables, RecordTables, PostgresBase):
+class PostgresStore(TurnTables, CoordinationTables, RecordTables, ContextTables, PostgresBase):
     """`Store` on a PostgreSQL database; the schema is created or upgraded on open."""
 
     embedded = False
@@ -114,12 +115,8 @@ class PostgresStore(TurnTables, CoordinationTables, RecordTables, PostgresBase):
     # conversations
 
     async def create_conversation(self, conversation: ConversationRecord) -> None:
-        c = conversation
-        await self._write(
-            f"INSERT INTO conversations ({CONVERSATION_COLUMNS})"
-            " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-            c.id, c.agent, c.agent_name, c.digest, c.pinned, c.title, dumps(c.metadata), c.status,
-            c.created_at, c.updated_at)
+        await self._write(f"INSERT INTO conversations ({CONVERSATION_COLUMNS}) VALUES ({_NEW_ROW})",
+                          *_conversation_values(conversation))
 
     async def get_conversation(self, conversation_id: str) -> ConversationRecord | None:
         row = await self._read_row(f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE id = $1",
@@ -128,11 +125,11 @@ class PostgresStore(TurnTables, CoordinationTables, RecordTables, PostgresBase):
 
     async def list_conversations(
         self, *, agent: str | None = None, digest: str | None = None, status: str | None = None,
-        limit: int = 50, after: str | None = None,
+        limit: int = 50, after: str | None = None, archived: bool = False,
     ) -> list[ConversationRecord]:
         """Newest first by (created_at, id); `after` is the last id of the previous page."""
-        where: list[str] = []
-        params: list[Any] = []
+        where: list[str] = ["archived = $1"]
+        params: list[Any] = [archived]
         for column, value in (("agent_name", agent), ("digest", digest), ("status", status)):
             if value is not None:
                 params.append(value)
@@ -145,12 +142,35 @@ class PostgresStore(TurnTables, CoordinationTables, RecordTables, PostgresBase):
             else:
                 params.append(at[0])
                 where.append(f"(created_at, id) < (${len(params)}, ${len(params) - 1})")
-        sql = f"SELECT {CONVERSATION_COLUMNS} FROM conversations"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
+        sql = f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE " + " AND ".join(where)
         params.append(limit)
         sql += f" ORDER BY created_at DESC, id DESC LIMIT ${len(params)}"
         return [conversation_record(row) for row in await self._read(sql, *params)]
+
+    async def update_conversation(self, conversation_id: str, *, title: Any = UNSET, metadata: Any = UNSET,
+                                  archived: Any = UNSET, now: float) -> bool:
+        """Set the fields given (and `updated_at`); whether the conversation exists."""
+        changes = {column: value for column, value in (
+            ("title", title), ("metadata", metadata if metadata is UNSET else dumps(metadata)),
+            ("archived", archived if archived is UNSET else bool(archived))) if value is not UNSET}
+        if not changes:
+            found = await self._read_row("SELECT 1 FROM conversations WHERE id = $1", conversation_id)
+            return found is not None
+        # names from the tuple above; $1 the id, $2 now, then the values
+        assignments = ", ".join(f"{column} = ${n}" for n, column in enumerate(changes, start=3))
+        return await self._write_status(
+            f"UPDATE conversations SET {assignments}, updated_at = $2 WHERE id = $1",
+            conversation_id, now, *changes.values()) > 0
+
+    async def fork_conversation(self, source_id: str, new: ConversationRecord,
+                                before_turn_id: str | None) -> bool:
+        """`new` with a copy of the source's transcript, in one statement (see `Store`).
+
+        The new row's message counter starts at the number of messages copied. The source and the cut
+        turn are read in the statement's snapshot: a turn that ends meanwhile is copied or not, whole.
+        """
+        rows = await self._write(_FORK, *_conversation_values(new), source_id, before_turn_id)
+        return bool(rows) and rows[0][0]
 
     async def delete_conversation(self, conversation_id: str) -> bool:
         """Delete it with its turns, messages, events, queue (ON DELETE CASCADE)."""
@@ -168,6 +188,34 @@ class PostgresStore(TurnTables, CoordinationTables, RecordTables, PostgresBase):
     def listener_pid(self) -> int | None:
         return self._listener.backend_pid
 
+
+
+_NEW_ROW = ", ".join(f"${n}" for n in range(1, 14))  # a conversation's columns, as CONVERSATION_COLUMNS
+
+
+def _conversation_values(c: ConversationRecord) -> tuple[Any, ...]:
+    forked = c.forked_from or {}
+    return (c.id, c.agent, c.agent_name, c.digest, c.pinned, c.title, dumps(c.metadata), c.status,
+            c.created_at, c.updated_at, c.archived, forked.get("conversation_id"), forked.get("turn_id"))
+
+
+# $1-$13 the new conversation, $14 the source, $15 the turn to cut before (NULL: all of it). The new
+# row is inserted only if the source (and the cut turn, one of the source's) exists; the copies
+# depend on it (`FROM created`), and the foreign key to it is checked at the statement's end.
+_FORK = (
+    "WITH source AS (SELECT id FROM conversations WHERE id = $14),"
+    " cut AS (SELECT started_at, id FROM turns WHERE id = $15::text AND conversation_id = $14),"
+    " picked AS (SELECT ROW_NUMBER() OVER (ORDER BY m.seq) AS seq, m.turn_id, m.body, m.created_at"
+    " FROM messages m WHERE m.conversation_id = $14 AND NOT EXISTS (SELECT FROM turns t"
+    " WHERE t.id = m.turn_id AND t.conversation_id = $14 AND (t.status IN ('running', 'waiting')"
+    " OR (t.started_at, t.id) >= (SELECT started_at, id FROM cut)))),"
+    f" created AS (INSERT INTO conversations ({CONVERSATION_COLUMNS}, message_seq)"
+    f" SELECT {_NEW_ROW}, (SELECT count(*) FROM picked) FROM source"
+    " WHERE $15::text IS NULL OR EXISTS (SELECT FROM cut) RETURNING id),"
+    " copied AS (INSERT INTO messages (conversation_id, seq, turn_id, body, created_at)"
+    " SELECT c.id, p.seq, p.turn_id, p.body, p.created_at FROM created c, picked p)"
+    " SELECT EXISTS (SELECT FROM created)"
+)
 
 
 async def _no_reset(connection: asyncpg.Connection) -> None:

@@ -14,7 +14,7 @@ import asyncpg
 from .base import ConversationRecord, TurnRecord
 
 CONVERSATION_COLUMNS = ("id, agent, agent_name, digest, pinned, title, metadata, status, created_at,"
-                        " updated_at")
+                        " updated_at, archived, forked_from_conversation, forked_from_turn")
 TURN_COLUMNS = ("id, conversation_id, agent, digest, status, input, output, stop_reason, usage, error,"
                 " idempotency_key, request_digest, started_at, ended_at, attempts")
 # what update_turn may change; the JSON ones are encoded on the way in
@@ -25,6 +25,8 @@ TURN_JSON = frozenset({"usage", "error"})
 def conversation_record(row: asyncpg.Record) -> ConversationRecord:
     fields = dict(row)
     fields["metadata"] = json.loads(fields["metadata"])
+    source, turn = fields.pop("forked_from_conversation"), fields.pop("forked_from_turn")
+    fields["forked_from"] = None if source is None else {"conversation_id": source, "turn_id": turn}
     return ConversationRecord(**fields)
 
 

@@ -162,6 +162,36 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
         "ALTER TABLE turns ADD COLUMN attempts integer NOT NULL DEFAULT 1",
     ),
+    # 3: conversation controls: archived conversations, and where a fork came from (no foreign key:
+    # a fork outlives its source)
+    (
+        "ALTER TABLE conversations ADD COLUMN archived boolean NOT NULL DEFAULT false",
+        "ALTER TABLE conversations ADD COLUMN forked_from_conversation text",
+        "ALTER TABLE conversations ADD COLUMN forked_from_turn text",
+    ),
+    # 4: context management: each compaction's view of a conversation, and messages steered into a
+    # running turn that it has not picked up yet
+    (
+        """CREATE TABLE context_views (
+            conversation_id text NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+            number integer NOT NULL,
+            upto_seq bigint NOT NULL,
+            cut_seq bigint NOT NULL,
+            summary text,
+            tokens integer NOT NULL,
+            strategy text NOT NULL,
+            created_at double precision NOT NULL,
+            PRIMARY KEY (conversation_id, number)
+        )""",
+        """CREATE TABLE steers (
+            id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            conversation_id text NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+            turn_id text NOT NULL,
+            content text NOT NULL,
+            created_at double precision NOT NULL
+        )""",
+        "CREATE INDEX steers_by_turn ON steers (conversation_id, turn_id, id)",
+    ),
 )
 
 

@@ -147,6 +147,36 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
         "ALTER TABLE turns ADD COLUMN attempts INTEGER NOT NULL DEFAULT 1",
     ),
+    # 7: conversation controls: archived conversations, and where a fork came from (no foreign key:
+    # a fork outlives its source)
+    (
+        "ALTER TABLE conversations ADD COLUMN archived INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE conversations ADD COLUMN forked_from_conversation TEXT",
+        "ALTER TABLE conversations ADD COLUMN forked_from_turn TEXT",
+    ),
+    # 8: context management: each compaction's view of a conversation, and messages steered into a
+    # running turn that it has not picked up yet
+    (
+        """CREATE TABLE context_views (
+            conversation_id TEXT NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+            number INTEGER NOT NULL,
+            upto_seq INTEGER NOT NULL,
+            cut_seq INTEGER NOT NULL,
+            summary TEXT,
+            tokens INTEGER NOT NULL,
+            strategy TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            PRIMARY KEY (conversation_id, number)
+        )""",
+        """CREATE TABLE steers (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            conversation_id TEXT NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+            turn_id TEXT NOT NULL,
+            content TEXT NOT NULL,
+            created_at REAL NOT NULL
+        )""",
+        "CREATE INDEX steers_by_turn ON steers (conversation_id, turn_id, id)",
+    ),
 )
 
 

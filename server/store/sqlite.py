@@ -42,6 +42,7 @@ from ..canonical import thaw
 from ..errors import DuplicateIdempotencyKey, StorageError
 from ..messages import Message, message_from_json
 from .base import (
+    UNSET,
     ConversationRecord,
     EventRecord,
     MessageRecord,
@@ -50,6 +51,7 @@ from .base import (
 )
 from .schema import migrate
 from .sqlite_audit import AuditTables
+from .sqlite_context import ContextTables
 from .sqlite_coordination import CoordinationTables, check_fence, release_turn
 from .sqlite_deployments import DeploymentTables
 from .stats import StoreStats
@@ -79,7 +81,14 @@ def _conversation(row: sqlite3.Row) -> ConversationRecord:
         fields.pop(column, None)
     fields["pinned"] = bool(fields["pinned"])
     fields["metadata"] = json.loads(fields["metadata"])
+    fields["archived"] = bool(fields["archived"])
+    fields["forked_from"] = _forked_from(fields.pop("forked_from_conversation"),
+                                         fields.pop("forked_from_turn"))
     return ConversationRecord(**fields)
+
+
+def _forked_from(conversation_id: str | None, turn_id: str | None) -> dict[str, Any] | None:
+    return None if conversation_id is None else {"conversation_id": conversation_id, "turn_id": turn_id}
 
 
 def _turn(row: sqlite3.Row) -> TurnRecord:
@@ -96,7 +105,7 @@ def _definition(row: sqlite3.Row) -> StoredDefinition:
     return StoredDefinition(**fields)
 
 
-class SQLiteStore(DeploymentTables, AuditTables, CoordinationTables):
+class SQLiteStore(DeploymentTables, AuditTables, CoordinationTables, ContextTables):
     """`Store` on one SQLite file; the parent directory is created on open."""
 
     embedded = True
@@ -179,14 +188,8 @@ class SQLiteStore(DeploymentTables, AuditTables, CoordinationTables):
     # conversations
 
     async def create_conversation(self, conversation: ConversationRecord) -> None:
-        c = conversation
         with self._write() as db:
-            db.execute(
-                "INSERT INTO conversations (id, agent, agent_name, digest, pinned, title, metadata, status,"
-                " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (c.id, c.agent, c.agent_name, c.digest, int(c.pinned), c.title, _dumps(c.metadata), c.status,
-                 c.created_at, c.updated_at),
-            )
+            _insert_conversation(db, conversation)
 
     async def get_conversation(self, conversation_id: str) -> ConversationRecord | None:
         row = self._db.execute("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
@@ -194,11 +197,11 @@ class SQLiteStore(DeploymentTables, AuditTables, CoordinationTables):
 
     async def list_conversations(
         self, *, agent: str | None = None, digest: str | None = None, status: str | None = None,
-        limit: int = 50, after: str | None = None,
+        limit: int = 50, after: str | None = None, archived: bool = False,
     ) -> list[ConversationRecord]:
         """Newest first by (created_at, id); `after` is the last id of the previous page."""
-        where: list[str] = []
-        params: list[Any] = []
+        where: list[str] = ["archived = ?"]
+        params: list[Any] = [int(archived)]
         for column, value in (("agent_name", agent), ("digest", digest), ("status", status)):
             if value is not None:
                 where.append(f"{column} = ?")
@@ -207,11 +210,48 @@ class SQLiteStore(DeploymentTables, AuditTables, CoordinationTables):
             condition, values = self._position("conversations", "created_at", after, "<")
             where.append(condition)
             params.extend(values)
-        sql = "SELECT * FROM conversations"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
+        sql = "SELECT * FROM conversations WHERE " + " AND ".join(where)
         sql += " ORDER BY created_at DESC, id DESC LIMIT ?"
         return [_conversation(row) for row in self._db.execute(sql, (*params, limit))]
+
+    async def update_conversation(self, conversation_id: str, *, title: Any = UNSET, metadata: Any = UNSET,
+                                  archived: Any = UNSET, now: float) -> bool:
+        """Set the fields given (and `updated_at`); whether the conversation exists."""
+        changes = {column: value for column, value in (
+            ("title", title), ("metadata", metadata if metadata is UNSET else _dumps(metadata)),
+            ("archived", archived if archived is UNSET else int(archived))) if value is not UNSET}
+        if not changes:
+            return self._db.execute("SELECT 1 FROM conversations WHERE id = ?",
+                                    (conversation_id,)).fetchone() is not None
+        assignments = ", ".join(f"{column} = ?" for column in changes)  # names from the tuple above
+        with self._write() as db:
+            return db.execute(f"UPDATE conversations SET {assignments}, updated_at = ? WHERE id = ?",
+                              (*changes.values(), now, conversation_id)).rowcount > 0
+
+    async def fork_conversation(self, source_id: str, new: ConversationRecord,
+                                before_turn_id: str | None) -> bool:
+        """`new` with a copy of the source's transcript, in one transaction (see `Store`)."""
+        with self._write() as db:
+            if db.execute("SELECT 1 FROM conversations WHERE id = ?", (source_id,)).fetchone() is None:
+                return False
+            cut = ""
+            params: list[Any] = [new.id, source_id, source_id]
+            if before_turn_id is not None:
+                row = db.execute("SELECT started_at FROM turns WHERE id = ? AND conversation_id = ?",
+                                 (before_turn_id, source_id)).fetchone()
+                if row is None:
+                    return False
+                cut = " OR (t.started_at, t.id) >= (?, ?)"
+                params += [row[0], before_turn_id]
+            _insert_conversation(db, new)
+            # every message but those of the source's turns left out (unended, or from the cut on)
+            db.execute(
+                "INSERT INTO messages (conversation_id, seq, turn_id, body, created_at)"
+                " SELECT ?, ROW_NUMBER() OVER (ORDER BY m.seq), m.turn_id, m.body, m.created_at"
+                " FROM messages m WHERE m.conversation_id = ? AND NOT EXISTS (SELECT 1 FROM turns t"
+                " WHERE t.id = m.turn_id AND t.conversation_id = ?"
+                f" AND (t.status IN ('running', 'waiting'){cut}))", params)
+            return True
 
     async def delete_conversation(self, conversation_id: str) -> bool:
         """Delete it with its turns, messages and events (ON DELETE CASCADE)."""
@@ -370,6 +410,17 @@ def _check_turn_changes(changes: dict[str, Any]) -> None:
     unknown = changes.keys() - _TURN_COLUMNS
     if unknown:
         raise ValueError(f"update_turn cannot change {', '.join(sorted(unknown))}")
+
+
+def _insert_conversation(db: sqlite3.Connection, c: ConversationRecord) -> None:
+    forked = c.forked_from or {}
+    db.execute(
+        "INSERT INTO conversations (id, agent, agent_name, digest, pinned, title, metadata, status,"
+        " created_at, updated_at, archived, forked_from_conversation, forked_from_turn)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (c.id, c.agent, c.agent_name, c.digest, int(c.pinned), c.title, _dumps(c.metadata), c.status,
+         c.created_at, c.updated_at, int(c.archived), forked.get("conversation_id"), forked.get("turn_id")),
+    )
 
 
 def _insert_turn(db: sqlite3.Connection, t: TurnRecord) -> None:

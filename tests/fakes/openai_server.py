@@ -35,8 +35,11 @@ from .scenarios import (
 
 
 class FakeOpenAI(ScriptedServer):
-    def __init__(self) -> None:
+    """`report_usage=False`: a compatible server that ignores `stream_options.include_usage` (many do)."""
+
+    def __init__(self, *, report_usage: bool = True) -> None:
         super().__init__()
+        self.report_usage = report_usage
         self.app = Starlette(routes=[Route("/v1/chat/completions", self.completions, methods=["POST"])])
 
     async def completions(self, request: Request) -> Response:
@@ -52,7 +55,7 @@ class FakeOpenAI(ScriptedServer):
             if not isinstance(scenario, Reply):
                 return _error(400, "invalid_request_error", "this scenario needs stream: true")
             return JSONResponse(_completion(body["model"], scenario))
-        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        usage = bool((body.get("stream_options") or {}).get("include_usage")) and self.report_usage
         chunks = _Chunks(body["model"], usage)
         return StreamingResponse(chunks.play(scenario), media_type="text/event-stream")
 

@@ -1,0 +1,85 @@
+"""PostgreSQL tables of context management: compacted views, and messages steered into a running turn.
+
+A mixin of `PostgresStore`. Both writes that go with the transcript or the
+event log are rare (a compaction, a steered message picked up), so they take
+BEGIN ... COMMIT: the conversation's row lock first (the store's lock order,
+see `postgres_coordination`), which also checks the fence, then their rows,
+then the event (and messages) through the same statement `append` uses, so
+numbering and notices are the ones every other append gets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..messages import UserMessage
+from .base import ContextView
+from .postgres_pool import PostgresBase, Transaction, dumps, lease_lost
+from .postgres_turns import _APPEND
+
+_COLUMNS = "conversation_id, number, upto_seq, cut_seq, summary, tokens, strategy, created_at"
+_LOCK = "SELECT holder_turn, holder_replica, fence FROM conversations WHERE id = $1 FOR NO KEY UPDATE"
+
+
+class ContextTables(PostgresBase):
+    async def _locked(self, tx: Transaction, conversation_id: str, turn_id: str, fence: int | None) -> None:
+        """Lock the conversation's row; with `fence`, raise `LeaseLost` unless the turn still holds it."""
+        row = await tx.fetchrow(_LOCK, conversation_id)
+        if fence is not None and (row is None or tuple(row) != (turn_id, self.replica, fence)):
+            raise lease_lost(turn_id, conversation_id, fence)
+
+    async def _append(self, tx: Transaction, conversation_id: str, turn_id: str, messages: list[str],
+                      events: list[tuple[str, dict[str, Any]]], now: float) -> list[int]:
+        rows = await tx.fetch(_APPEND, conversation_id, turn_id, messages, [n for n, _ in events],
+                              [dumps(d) for _, d in events], now, self.replica)
+        return [row["seq"] for row in rows]
+
+    async def save_context_view(self, view: ContextView, turn_id: str, event: tuple[str, dict[str, Any]],
+                                now: float, *, fence: int | None = None) -> int:
+        v = view
+        async with self._transaction() as tx:
+            await self._locked(tx, v.conversation_id, turn_id, fence)
+            await tx.execute(f"INSERT INTO context_views ({_COLUMNS})"
+                             " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)", v.conversation_id, v.number,
+                             v.upto_seq, v.cut_seq, v.summary, v.tokens, v.strategy, v.created_at)
+            (seq,) = await self._append(tx, v.conversation_id, turn_id, [], [event], now)
+        return seq
+
+    async def get_context_view(self, conversation_id: str) -> ContextView | None:
+        row = await self._read_row(f"SELECT {_COLUMNS} FROM context_views WHERE conversation_id = $1"
+                                   " ORDER BY number DESC LIMIT 1", conversation_id)
+        return None if row is None else ContextView(**dict(row))
+
+    async def add_steer(self, conversation_id: str, turn_id: str, content: str, now: float) -> int:
+        rows = await self._write("INSERT INTO steers (conversation_id, turn_id, content, created_at)"
+                                 " VALUES ($1, $2, $3, $4) RETURNING id",
+                                 conversation_id, turn_id, content, now)
+        return rows[0]["id"]
+
+    async def take_steers(self, conversation_id: str, turn_id: str, now: float,
+                          *, fence: int | None = None) -> list[tuple[str, int]]:
+        if await self._read_row("SELECT 1 FROM steers WHERE conversation_id = $1 AND turn_id = $2 LIMIT 1",
+                                conversation_id, turn_id) is None:
+            return []  # the usual case: one read, no transaction
+        async with self._transaction() as tx:
+            await self._locked(tx, conversation_id, turn_id, fence)
+            rows = sorted(await tx.fetch("DELETE FROM steers WHERE conversation_id = $1 AND turn_id = $2"
+                                         " RETURNING id, content", conversation_id, turn_id),
+                          key=lambda row: row["id"])
+            if not rows:
+                return []
+            contents = [row["content"] for row in rows]
+            seqs = await self._append(
+                tx, conversation_id, turn_id, [dumps(UserMessage(content=c).to_json()) for c in contents],
+                [("message.steered", {"turn_id": turn_id, "content": c}) for c in contents], now)
+        return list(zip(contents, seqs, strict=True))
+
+    async def drop_steers(self, conversation_id: str, turn_id: str,
+                          steer_id: int | None = None) -> list[str]:
+        if steer_id is None:
+            rows = await self._write("DELETE FROM steers WHERE conversation_id = $1 AND turn_id = $2"
+                                     " RETURNING id, content", conversation_id, turn_id)
+        else:
+            rows = await self._write("DELETE FROM steers WHERE conversation_id = $1 AND turn_id = $2"
+                                     " AND id = $3 RETURNING id, content", conversation_id, turn_id, steer_id)
+        return [row["content"] for row in sorted(rows, key=lambda row: row["id"])]
