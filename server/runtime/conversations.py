@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
@@ -44,17 +44,17 @@ from ..metrics import Metrics
 from ..store.base import ConversationRecord, EventRecord, Store, TurnRecord
 from .admission import Admission, KeyTaken, Superseded
 from .checkpoints import Checkpoint, checkpoint_of
+from .elsewhere import TurnsElsewhere
 from .events import EventHub
 from .idempotency import IdempotencyKeys, request_digest
 from .plans import Runtime
 from .streams import EventStreams
 from .structured import MISSING, OutputSchema
 from .structured import stored as stored_structured
-from .turn import ENDED_STATUSES, ActiveTurn, Failed, TurnResult
+from .turn import ActiveTurn, Failed, TurnResult
 from .turns import TurnRunner
 
 log = logging.getLogger("corral.conversations")
-T = TypeVar("T")
 
 
 class Steered(Exception):
@@ -77,6 +77,7 @@ class Conversations:
         self.admission = Admission(store, lease_s=lease_s, max_turns=max_turns)
         self.keys = IdempotencyKeys(store, idempotency_ttl_s)
         self.streams = EventStreams(store, hub)
+        self.elsewhere = TurnsElsewhere(store, self.admission, self.streams)
         self._tg: TaskGroup | None = None
         self.accepting = True
 
@@ -259,7 +260,8 @@ class Conversations:
             if taken.request is not None and taken.request != asked:
                 raise IdempotencyKeyReused("this Idempotency-Key was used with a different request body",
                                            details={"turn_id": taken.turn_id}) from None
-            return await self._elsewhere(conversation.id, taken.turn_id)
+            assert self._tg is not None
+            return await self.elsewhere.joined(conversation.id, taken.turn_id, self._tg, self._stored)
         try:
             if not self.accepting:  # shutdown began while this turn waited for its slot
                 raise CorralError("the server is shutting down", code="overloaded")
@@ -398,61 +400,8 @@ class Conversations:
             return None
         await self.admission.cancel(holder)
         with anyio.fail_after(10):
-            await self._ended(conversation_id, holder.turn_id)
+            await self.elsewhere.ended(conversation_id, holder.turn_id)
         return holder.turn_id
-
-    async def _ended(self, conversation_id: str, turn_id: str) -> TurnRecord | None:
-        """Wait until a turn running elsewhere has ended; None if it never ran (superseded, or lost)."""
-
-        async def ended() -> tuple[TurnRecord | None] | None:
-            record = await self.store.get_turn(turn_id)
-            if record is not None and record.status in ENDED_STATUSES:
-                return (record,)
-            if record is None and await self.admission.holder(conversation_id) is None:
-                return (None,)
-            return None
-
-        (record,) = await self._when(conversation_id, ended)
-        return record
-
-    async def _elsewhere(self, conversation_id: str, turn_id: str) -> ActiveTurn:
-        """A turn another request started (maybe on another replica): once it has started, as it runs."""
-
-        async def started() -> TurnRecord | None:
-            return await self.store.get_turn(turn_id)
-
-        with anyio.fail_after(60):
-            record = await self._when(conversation_id, started)
-        if record.status in ENDED_STATUSES:
-            return await self._stored(record)
-        turn = ActiveTurn(record=record, started_seq=await self.streams.started_seq(conversation_id, turn_id))
-        assert self._tg is not None
-        self._tg.start_soon(self._watch_elsewhere, turn)
-        return turn
-
-    async def _when(self, conversation_id: str, check: Callable[[], Awaitable[T | None]]) -> T:
-        """`check()` once it is not None: re-run on the conversation's news (its events, from any
-        replica), and every second in case a notice was lost."""
-        while True:
-            with self.streams.hub.subscribe(conversation_id) as live:
-                while True:
-                    found = await check()
-                    if found is not None:
-                        return found
-                    try:
-                        await live.next(1.0)
-                    except anyio.EndOfStream:  # dropped (lagging): subscribe again
-                        break
-            await anyio.sleep(0.05)
-
-    async def _watch_elsewhere(self, turn: ActiveTurn) -> None:
-        try:
-            ended = await self._ended(turn.record.conversation_id, turn.id)
-            if ended is not None:
-                turn.record = ended
-        finally:
-            turn.done.set()
-            turn.attention.set()
 
     async def result(self, turn: ActiveTurn) -> TurnResult:
         """The answer of a turn, once it has ended (wherever it went on, for one taken over)."""
@@ -462,7 +411,7 @@ class Conversations:
                               " or retry with the same Idempotency-Key", code="overloaded",
                               details={"turn_id": turn.id})
         if turn.stopped == "lost":
-            await self._ended(turn.record.conversation_id, turn.id)
+            await self.elsewhere.ended(turn.record.conversation_id, turn.id)
             turn.messages = None  # what this replica saw of it is not the whole turn
         record = await self.store.get_turn(turn.id)
         assert record is not None
