@@ -18,9 +18,10 @@ import anyio
 import httpx
 import pytest
 
-from tests.fakes import Call, FakeAnthropic, FakeOpenAI, Malformed, Reply, Stall, Status, serve
+from tests.fakes import Call, Malformed, Reply, Stall, Status, serve
 from tests.support.client import Conversation, talk
 from tests.support.events import ended
+from tests.support.fake_models import Fakes
 from tests.support.servers import corral_server
 from tests.support.trees import write_tree
 
@@ -74,12 +75,6 @@ script:
     })
 
 
-class Fakes:
-    def __init__(self) -> None:
-        self.openai = FakeOpenAI()
-        self.anthropic = FakeAnthropic()
-
-
 @pytest.fixture(scope="module")
 def fakes() -> Iterator[Fakes]:
     yield Fakes()
@@ -98,11 +93,8 @@ def base_url(fakes: Fakes, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
 @pytest.fixture
 async def client(base_url: str, fakes: Fakes) -> AsyncIterator[httpx.AsyncClient]:
-    fakes.openai.reset()
-    fakes.anthropic.reset()
-    async with httpx.AsyncClient(base_url=base_url, timeout=20, trust_env=False) as http:
+    async with fakes.client(base_url) as http:
         yield http
-    assert fakes.openai.pending == fakes.anthropic.pending == 0, "a scripted scenario was never asked for"
 
 
 async def check_tool_turn(conversation: Conversation, answer: dict[str, Any], output: str,

@@ -22,9 +22,10 @@ from mcp import Client
 
 from server.compiler.compiler import Compiler
 from server.errors import DefinitionsInvalid
-from tests.fakes import FakeAnthropic, FakeOpenAI, Reply, serve
+from tests.fakes import Reply, serve
 from tests.support.client import Conversation, talk
 from tests.support.events import ended
+from tests.support.fake_models import Fakes
 from tests.support.servers import corral_server
 from tests.support.trees import write_tree
 
@@ -90,12 +91,6 @@ def definitions(root: Path, openai_url: str, anthropic_url: str) -> Path:
     })
 
 
-class Fakes:
-    def __init__(self) -> None:
-        self.openai = FakeOpenAI()
-        self.anthropic = FakeAnthropic()
-
-
 @pytest.fixture(scope="module")
 def fakes() -> Iterator[Fakes]:
     yield Fakes()
@@ -114,11 +109,8 @@ def base_url(fakes: Fakes, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
 @pytest.fixture
 async def client(base_url: str, fakes: Fakes) -> AsyncIterator[httpx.AsyncClient]:
-    fakes.openai.reset()
-    fakes.anthropic.reset()
-    async with httpx.AsyncClient(base_url=base_url, timeout=20, trust_env=False) as http:
+    async with fakes.client(base_url) as http:
         yield http
-    assert fakes.openai.pending == fakes.anthropic.pending == 0, "a scripted scenario was never asked for"
 
 
 @pytest.fixture

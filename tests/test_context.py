@@ -29,9 +29,10 @@ import pytest
 
 from server.compiler.compiler import Compiler
 from server.errors import DefinitionsInvalid
-from tests.fakes import Call, FakeAnthropic, FakeOpenAI, Recorded, Reply, serve
+from tests.fakes import Call, FakeOpenAI, Recorded, Reply, serve
 from tests.support.client import Conversation
 from tests.support.events import ended, named
+from tests.support.fake_models import Fakes
 from tests.support.servers import ServerProcess, corral_server
 from tests.support.trees import gate_yaml, open_gate, write_tree
 
@@ -108,15 +109,9 @@ def definitions(root: Path, openai_url: str, anthropic_url: str) -> Path:
                              "tools.yaml": gate_yaml() + "\n---\n" + BLOB})
 
 
-class Fakes:
-    def __init__(self) -> None:
-        self.openai = FakeOpenAI(report_usage=False)
-        self.anthropic = FakeAnthropic()
-
-
 @pytest.fixture(scope="module")
 def fakes() -> Iterator[Fakes]:
-    yield Fakes()
+    yield Fakes(FakeOpenAI(report_usage=False))
 
 
 @pytest.fixture(scope="module")
@@ -141,11 +136,8 @@ def base_url(defs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
 
 @pytest.fixture
 async def client(base_url: str, fakes: Fakes) -> AsyncIterator[httpx.AsyncClient]:
-    fakes.openai.reset()
-    fakes.anthropic.reset()
-    async with httpx.AsyncClient(base_url=base_url, timeout=20, trust_env=False) as http:
+    async with fakes.client(base_url) as http:
         yield http
-    assert fakes.openai.pending == fakes.anthropic.pending == 0, "a scripted scenario was never asked for"
 
 
 # --- reading what the model was sent ------------------------------------------------------------

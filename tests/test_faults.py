@@ -26,6 +26,7 @@ import pytest
 from tests.fakes import Cut, FakeOpenAI, Malformed, Reply, Stall, Status, serve
 from tests.support.client import Conversation, talk
 from tests.support.events import ended, named
+from tests.support.fake_models import checked_client
 from tests.support.processes import wait_until
 from tests.support.servers import ServerProcess, corral_app, corral_server, serving
 from tests.support.trees import gated_definitions, open_gate, write_tree
@@ -140,10 +141,8 @@ def base_url(fake: FakeOpenAI, root: Path) -> Iterator[str]:
 
 @pytest.fixture
 async def client(base_url: str, fake: FakeOpenAI) -> AsyncIterator[httpx.AsyncClient]:
-    fake.reset()
-    async with httpx.AsyncClient(base_url=base_url, timeout=20, trust_env=False) as http:
+    async with checked_client(base_url, fake) as http:
         yield http
-    assert fake.pending == 0, "a scripted scenario was never asked for"
 
 
 async def still_serving(client: httpx.AsyncClient, conversation: Conversation) -> None:

@@ -18,6 +18,7 @@ import pytest
 from tests.fakes import Call, FakeOpenAI, Reply, Stall, serve
 from tests.support.client import Conversation
 from tests.support.events import ended, named
+from tests.support.fake_models import checked_client
 from tests.support.servers import corral_server
 from tests.support.trees import gate_yaml, open_gate, write_tree
 
@@ -65,10 +66,8 @@ def base_url(fake: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 @pytest.fixture
 async def client(base_url: str, fake: FakeOpenAI) -> AsyncIterator[httpx.AsyncClient]:
-    fake.reset()
-    async with httpx.AsyncClient(base_url=base_url, timeout=20, trust_env=False) as http:
+    async with checked_client(base_url, fake) as http:
         yield http
-    assert fake.pending == 0, "a scripted scenario was never asked for"
 
 
 def texts(body: dict) -> list[tuple[str, str]]:

@@ -7,6 +7,7 @@
     swaps      the served definition set, reloads and the swap history; watcher_live
     processes  alive, and wait_until a condition, with a bound
     durable    servers that die and come back (Node), a conversation followed across them (Follower)
+    fake_models the fake model servers a module shares (Fakes), and a client that checks their scripts ran
 
 Fixtures stay in tests/conftest.py, where pytest finds them; no test imports it as a module.
 """
