@@ -77,7 +77,8 @@ class Replica:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             tg.start_soon(self._handle_notices)
-            tg.start_soon(self._sweep)
+            if not self.store.embedded:  # one process: nothing of another can lapse after the start
+                tg.start_soon(self._sweep)
             task_status.started()
             while True:
                 await anyio.sleep(self.lease_s / 3)
