@@ -93,10 +93,6 @@ class Conversations:
     def running_turns(self) -> list[ActiveTurn]:
         return self.admission.running_turns()
 
-    async def running_records(self) -> list[TurnRecord]:
-        """The turns in progress here (what a swap report's `busy` is made of)."""
-        return [turn.record for turn in self.running_turns()]
-
     async def drain(self, grace_s: float, *, hand_off: bool = False) -> None:
         """Stop accepting turns and hand the running ones over, none of them failed by the stop.
 
