@@ -12,6 +12,7 @@
     │   ├── IdempotencyKeyReused     the same key with another body
     │   ├── DuplicateIdempotencyKey  the store already has a turn with that key
     │   └── PermissionNotFound
+    ├── StateOwned                   another live process owns the embedded store (its pid and URL)
     └── RunError                     something failed while a turn ran
         ├── ModelError
         │   └── ProviderError        a failed model call, `retryable` or not
@@ -50,6 +51,7 @@ status. A queued turn's `Superseded`: the turn ends cancelled.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple
 
 TOOL_RESULT = "tool_result"  # MCP: a CallToolResult with isError, text `[code] message`
@@ -109,6 +111,7 @@ ERRORS: dict[str, Forms] = {
     # A dead store exits 1: the process ends so that a supervisor restarts it, whatever the cause.
     "storage_error": Forms(503, TOOL_RESULT, EXIT_FAILED),
     "unreachable": Forms(502, TOOL_RESULT, EXIT_UNAVAILABLE),  # `corral chat --url`, `corral lock`
+    "in_use": Forms(409, TOOL_RESULT, EXIT_UNAVAILABLE),  # `corral serve`: the state or the port is taken
     "internal": Forms(500, TOOL_RESULT, EXIT_FAILED),
 }
 
@@ -209,6 +212,26 @@ class DuplicateIdempotencyKey(RequestError):
 
 class PermissionNotFound(RequestError):
     code = "not_found"
+
+
+class StateOwned(CorralError):
+    """The embedded store is another live process's (`store.ownership`); `record` is what that process
+    wrote of itself (`pid`, `command`, `url`; {} when unreadable)."""
+
+    code = "in_use"
+
+    def __init__(self, path: Path, record: dict[str, Any]):
+        self.path, self.record = path, record
+        url = self.url
+        command = f"corral {record.get('command') or ''}".strip()
+        what = f"serving {url}" if url else f"({command}, no URL)"
+        super().__init__(f"the state in {path.parent} is owned by another process: pid "
+                         f"{record.get('pid', 'unknown')}, {what}; stop it or use another CORRAL_STATE_DIR")
+
+    @property
+    def url(self) -> str | None:
+        url = self.record.get("url")
+        return url if isinstance(url, str) and url else None
 
 
 class RunError(CorralError):

@@ -87,18 +87,35 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 async def _chat(args: argparse.Namespace) -> int:
     backend: Local | Remote
+    key = args.api_key or os.environ.get("CORRAL_API_KEY")
     if args.url:
-        backend = Remote(args.url, args.api_key or os.environ.get("CORRAL_API_KEY"))
+        backend = Remote(args.url, key)
     else:
-        from .running import settings_from
-
-        backend = Local(settings_from(args))
+        backend = await _owner_or_local(args, key)
     async with backend.open(args.agent) as banner:
         keyboard = Keyboard(sys.stdin.fileno())
         chat = Chat(backend, Terminal(sys.stdout, sys.stderr), keyboard, sys.stdin.isatty())
         keys = "; Ctrl-C cancels a turn, Ctrl-D exits, /help lists commands"
         chat.term.line(f"[{banner}{keys if chat.interactive else ''}]")
         return await chat.run()
+
+
+async def _owner_or_local(args: argparse.Namespace, key: str | None) -> Local | Remote:
+    """In this process, owning the state directory; or, when a server owns it, on that server (running
+    the turns here would take its turns over: CONTRACT §7)."""
+    from ..errors import StateOwned
+    from ..store.ownership import claim, wait_for_url
+    from .running import settings_from
+
+    settings = settings_from(args)
+    try:
+        owned = claim(settings, "chat")  # held until the process exits (open_service claims it again)
+    except StateOwned as exc:
+        url = exc.url or await anyio.to_thread.run_sync(wait_for_url, exc)
+        if url is None:
+            raise  # its owner serves no URL (another chat, `corral mcp`): one line, exit 3
+        return Remote(url, key, owner=exc.record.get("pid"))
+    return Local(settings, owned)
 
 
 def _plain(exc: BaseException, url: str | None) -> BaseException:

@@ -19,6 +19,7 @@ import httpx
 from .. import logs
 from ..errors import CorralError, RequestError
 from ..settings import Settings
+from ..store.ownership import Claim
 from .terminal import one_line
 
 OnEvent = Callable[[str, dict[str, Any]], Awaitable[None]]
@@ -30,8 +31,9 @@ WHO = "corral chat"
 class Local:
     """The agent in this process: the service's conversations and its permission broker."""
 
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, owned: Claim | None = None):
         self.settings = settings
+        self.owned = owned  # the state directory's lock, taken by the caller: released on close
         self.service: Any = None
         self.conversation_id = ""
 
@@ -40,12 +42,16 @@ class Local:
         from ..service import open_service
 
         log_file = _log_to_file(self.settings)
-        async with open_service(self.settings) as service:
-            self.service = service
-            conversation = await service.conversations.create(agent, WHO, {"source": "chat"})
-            self.conversation_id = conversation.id
-            yield (f"{conversation.agent_name} {conversation.digest[:19]}... conversation {conversation.id}; "
-                   f"log {log_file}")
+        try:
+            async with open_service(self.settings) as service:
+                self.service = service
+                conversation = await service.conversations.create(agent, WHO, {"source": "chat"})
+                self.conversation_id = conversation.id
+                yield (f"{conversation.agent_name} {conversation.digest[:19]}... conversation "
+                       f"{conversation.id}; log {log_file}")
+        finally:
+            if self.owned is not None:
+                self.owned.release()
 
     async def turn(self, text: str, on_event: OnEvent) -> None:
         conversations = self.service.conversations
@@ -97,8 +103,9 @@ def _log_to_file(settings: Settings) -> Path:
 class Remote:
     """The agent on a Corral server, through its HTTP API."""
 
-    def __init__(self, url: str, key: str | None):
+    def __init__(self, url: str, key: str | None, owner: Any = None):
         self.url = url
+        self.owner = owner  # the pid of the server that owns the state directory, when that is why
         self.headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.client: httpx.AsyncClient | None = None
         self.path = ""
@@ -111,8 +118,9 @@ class Remote:
             body = {"agent": agent, "title": WHO, "metadata": {"source": "chat"}}
             created = await self._call("/v1/conversations", body, expect=201)
             self.path = f"/v1/conversations/{created['id']}"
+            owning = f" (pid {self.owner}, which owns the state directory)" if self.owner else ""
             yield f"{created.get('agent_name', agent)} {str(created.get('digest'))[:19]}... " \
-                  f"conversation {created['id']} on {self.url}"
+                  f"conversation {created['id']} on {self.url}{owning}"
 
     async def _call(self, path: str, body: dict[str, Any] | None = None, expect: int = 200) -> Any:
         assert self.client is not None

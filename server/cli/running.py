@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from .. import logs
 from ..errors import CorralError
 from ..settings import Settings, is_loopback
+from .listening import listen, url_of
+
+if TYPE_CHECKING:
+    from ..store.ownership import Claim
 
 
 def add_verbs(verbs: argparse._SubParsersAction,
@@ -62,6 +67,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from ..compiler.compiler import Compiler
+    from ..store.ownership import claim
 
     settings = settings_from(args)
     definitions = Compiler(settings.definitions).compile()  # author errors plainly, before uvicorn
@@ -74,6 +80,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise CorralError(f"refusing to bind {settings.host} without CORRAL_API_KEYS "
                               "(set keys, or pass --insecure to accept the risk)", code="invalid_request")
         print(f"WARNING: serving {settings.host} WITHOUT authentication (--insecure)", file=sys.stderr)
+    owned = claim(settings, "serve")  # a live owner of this state: `StateOwned`, one line, exit 3
+    try:
+        return _serve(settings, listen(settings.host, settings.port), owned)
+    finally:
+        if owned is not None:
+            owned.release()
+
+
+def _serve(settings: Settings, sock: socket.socket, owned: Claim | None) -> int:
     import uvicorn
 
     from ..http import create_app  # imported after the checks: it is slow (the mcp SDK), a refusal is not
@@ -84,7 +99,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         app, host=settings.host, port=settings.port, log_config=None,
         timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5, lifespan="on",
     )
-    _draining_server(config, app).run()
+    _draining_server(config, app, owned).run(sockets=[sock])
     service = getattr(app.state, "service", None)
     if service is not None and service.exit_code:
         print(f"error: {service.failed.message if service.failed else 'the server failed'}", file=sys.stderr)
@@ -92,11 +107,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _draining_server(config, app):
-    """uvicorn's server, telling Corral the moment SIGTERM/SIGINT arrives (not after connections close)."""
+def _draining_server(config, app, owned: Claim | None):
+    """uvicorn's server, telling Corral the moment SIGTERM/SIGINT arrives (not after connections close),
+    and saying (in its log and in the state's owner record) where it listens once it does."""
     import uvicorn
 
     class DrainingServer(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            if sockets and self.started:  # uvicorn logs no address for sockets it was given
+                logging.getLogger("uvicorn.error").info("Uvicorn running on %s (Press CTRL+C to quit)",
+                                                        url_of(sockets[0]))
+                if owned is not None:
+                    owned.announce(url_of(sockets[0], reachable=True))
+
         def handle_exit(self, sig, frame) -> None:
             service = getattr(app.state, "service", None)
             if service is not None:
@@ -119,7 +143,28 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     from ..tools.mcp.connection import STDERR_LOG
 
     logging.getLogger(STDERR_LOG).setLevel(logging.INFO)  # what our MCP servers write to stderr, kept
-    return anyio.run(_serve_stdio, settings_from(args))
+    settings = settings_from(args)
+    owned = _own_for_stdio(settings)
+    try:
+        return anyio.run(_serve_stdio, settings)
+    finally:
+        if owned is not None:
+            owned.release()
+
+
+def _own_for_stdio(settings: Settings) -> Claim | None:
+    """`corral mcp` runs turns in this process, so it owns the state directory like a server, and
+    refuses (one line, exit 3) when one owns it: running here would take that server's turns over,
+    and the owner already serves the same agents over MCP at URL/mcp (pointed to)."""
+    from ..errors import StateOwned
+    from ..store.ownership import claim
+
+    try:
+        return claim(settings, "mcp")
+    except StateOwned as exc:
+        if exc.url:
+            exc.message += f" (it serves these agents over MCP at {exc.url}/mcp)"
+        raise
 
 
 async def _serve_stdio(settings: Settings) -> int:

@@ -1,6 +1,7 @@
 """The composition root: one running Corral, whatever surface serves it.
 
-`open_service(settings)` compiles the definitions, opens the store (SQLite,
+`open_service(settings)` owns the embedded store (`store.ownership`: a second
+process on it is refused), compiles the definitions, opens the store (SQLite,
 or PostgreSQL for several replicas; see `stores`), recovers the turns its
 previous run left, joins the replicas (`replicas.Replica`: heartbeat, leases,
 notices), and opens the outbound HTTP client and the task group turns run
@@ -44,6 +45,7 @@ from ..runtime.plans import Runtime
 from ..settings import Settings
 from ..store.base import Store
 from ..store.health import StoreHealth
+from ..store.ownership import claim
 from ..tools.confinement import Secrets
 from ..tools.mcp.connections import MCPConnections
 from .replicas import Replica
@@ -84,6 +86,17 @@ class Service:
 
 @asynccontextmanager
 async def open_service(settings: Settings) -> AsyncIterator[Service]:
+    claimed = claim(settings, "")  # before the store opens: its recovery is the owner's alone
+    try:
+        async with _opened(settings) as service:
+            yield service
+    finally:
+        if claimed is not None:
+            claimed.release()
+
+
+@asynccontextmanager
+async def _opened(settings: Settings) -> AsyncIterator[Service]:
     compiler = Compiler(settings.definitions)
     definitions = compiler.compile()  # DefinitionsInvalid propagates: refuse to start
     if settings.locked:
