@@ -2,33 +2,43 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# The project alone (what `make serve` needs), and the project with its test extras (browser driver...)
+SERVING := $(VENV)/.installed-serve
+TESTING := $(VENV)/.installed-test
 CONFORMANCE := .conformance/node_modules/@modelcontextprotocol/conformance/package.json
 
 .PHONY: serve test lint bench validate clean conformance
 
-$(STAMP): pyproject.toml
+# Each install has its own stamp, so `make serve` after `make test` (or the other way round) installs
+# what the other did not, and neither installs more than it needs; pyproject.toml changing redoes both.
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
-	touch $(STAMP)
 
-serve: $(STAMP)
+$(SERVING): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(TESTING): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+serve: $(SERVING)
 	$(BIN)/corral serve $${CORRAL_DEFINITIONS:-definitions}
 
-test: $(STAMP) $(if $(shell command -v npm),$(CONFORMANCE))
+test: $(TESTING) $(if $(shell command -v npm),$(CONFORMANCE))
 	$(BIN)/ruff check server tests bench
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest
 
-lint: $(STAMP)
+lint: $(TESTING)
 	$(BIN)/ruff check server tests bench
 	$(BIN)/lint-imports --no-cache
 
-validate: $(STAMP)
+validate: $(SERVING)
 	$(BIN)/corral validate definitions
 
-bench: $(STAMP)
+bench: $(TESTING)
 	$(BIN)/python -m bench
 
 # The official MCP conformance suite (Node 20+), for tests/test_mcp_conformance.py, which skips
