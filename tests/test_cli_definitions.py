@@ -16,10 +16,10 @@ from jsonschema.exceptions import best_match
 from server import cli
 from server.compiler.compiler import Compiler
 from server.compiler.yamltext import parse_yaml
-from tests.support.trees import copy_definitions
+from tests.support.servers import REPO_DEFINITIONS as DEFINITIONS  # as committed: see servers.py
+from tests.support.trees import copy_definitions, shipped_definitions
 
 REPO = Path(__file__).resolve().parent.parent
-DEFINITIONS = REPO / "definitions"
 SECRETS = {"OPENAI_API_KEY": "sk-openai-Zq8vXw3Kp1", "MY_SECRET": "my-secret-Yb7uTr5Hn2"}
 REF = re.compile(r"^(agent|model|tool|mcpserver|hook|skill)/[a-z0-9][a-z0-9_-]{0,62}$")
 
@@ -287,3 +287,19 @@ def test_a_missing_definition_directory_is_said_plainly(tmp_path: Path) -> None:
     [line] = done.stderr.splitlines()
     assert line.startswith("error: the definition directory definitions (") and "does not exist" in line
     assert ":1:1:" not in line
+
+
+def test_an_agent_added_to_a_checkouts_definitions_changes_no_test(tmp_path: Path) -> None:
+    """The tests serve definitions/ as committed (`shipped_definitions`), not the checkout's working tree:
+    an agent a user adds there, or a shipped file they break, is not what the tests serve."""
+    checkout = tmp_path / "checkout"
+    copy_definitions(DEFINITIONS, checkout / "definitions")
+    git = ["git", "-C", str(checkout), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    for args in (["init", "-q"], ["add", "definitions"], ["commit", "-q", "-m", "shipped"]):
+        subprocess.run([*git, *args], check=True, capture_output=True, timeout=60)
+    (checkout / "definitions" / "mine.yaml").write_text("kind: Agent\nname: mine\nmodel: nowhere\n")
+    (checkout / "definitions" / "assistant.yaml").write_text("kind: Agent\nname: [broken\n")
+    assert corral("validate", checkout / "definitions").returncode == 1  # the working tree would fail
+    shipped = shipped_definitions(checkout, tmp_path / "shipped")
+    assert not (shipped / "mine.yaml").exists()
+    assert Compiler(shipped).compile().digest == Compiler(DEFINITIONS).compile().digest

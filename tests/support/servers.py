@@ -21,11 +21,14 @@ block kills the process if it is still alive.
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -37,9 +40,14 @@ from starlette.applications import Starlette
 from server.http import create_app
 from server.settings import Settings
 from tests.fakes.uvicorn_thread import serve
+from tests.support.trees import shipped_definitions
 
 REPO = Path(__file__).resolve().parents[2]
-REPO_DEFINITIONS = REPO / "definitions"
+# The repository's definitions/ as committed, copied once per test run (removed at exit): the tests
+# that serve "the shipped definitions" never see what a user added to or changed in their checkout.
+_SHIPPED = Path(tempfile.mkdtemp(prefix="corral-shipped-"))
+atexit.register(shutil.rmtree, _SHIPPED, ignore_errors=True)
+REPO_DEFINITIONS = shipped_definitions(REPO, _SHIPPED / "definitions")
 RUNNING = re.compile(r"running on (http://[0-9.]+:\d+)")
 
 

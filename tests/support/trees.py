@@ -19,9 +19,13 @@ a hidden temporary file renamed over it), so a reload never reads half a write.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
+import subprocess
+import tarfile
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -35,6 +39,20 @@ LEFT_BY_THE_README = shutil.ignore_patterns("corral.lock", "__pycache__")
 def copy_definitions(source: Path, destination: Path) -> Path:
     """A copy of a definition tree, as compiled (without a lock file or caches left in the source)."""
     return Path(shutil.copytree(source, destination, ignore=LEFT_BY_THE_README))
+
+
+def shipped_definitions(repo: Path, destination: Path) -> Path:
+    """`repo`'s definitions/ as committed (HEAD), written to `destination`: what the tests serve as "the
+    shipped definitions", so an agent a user adds to (or edits in) their checkout's definitions/ changes
+    no test. Outside a git checkout (an unpacked archive), the tree as it is."""
+    try:
+        archive = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", "HEAD", "definitions"],
+                                 capture_output=True, check=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return copy_definitions(repo / "definitions", destination)
+    with tempfile.TemporaryDirectory() as unpacked, tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(unpacked, filter="data")
+        return copy_definitions(Path(unpacked) / "definitions", destination)
 
 
 WAIT_PY = """import os, sys, time
