@@ -162,3 +162,53 @@ async def test_a_killed_server_takes_its_tools_processes_with_it(tmp_path: Path,
                 await anyio.to_thread.run_sync(server.wait, 10)
     assert conversation.lost and not conversation.replies
     await wait_until(lambda: none_alive(pids))
+
+
+# An MCP stdio server that first starts the same two children (one in its process group, one in a
+# session of its own), records the three pids, and then becomes the fixture MCP server (same pid).
+MCP_TREE_PY = TREE_PY.split("print(")[0] + """
+os.execv(sys.executable, [sys.executable, sys.argv[2]])
+"""
+
+
+def mcp_tree_definitions(root: Path, pidfile: Path) -> Path:
+    """"pid" asks the stdio MCP server `fixture` (started as the tree above) for its pid."""
+    fixture = Path(__file__).resolve().parent / "mcp_fixture_server.py"
+    return write_tree(root, {
+        "tree.py": MCP_TREE_PY,
+        "defs.yaml": f"""
+            kind: Model
+            name: scripted
+            provider: scripted
+            script:
+              - when: "^pid"
+                tool_call: {{ name: fixture__pid }}
+                reply: "pid={{tool_result}}"
+            ---
+            kind: MCPServer
+            name: fixture
+            command: {PY}
+            args: [tree.py, {json.dumps(str(pidfile))}, {json.dumps(str(fixture))}]
+            timeout_s: 20
+            ---
+            kind: Agent
+            name: plugged
+            description: Uses the fixture MCP server.
+            model: scripted
+            tools: [fixture]
+        """,
+    })
+
+
+async def test_a_killed_server_takes_its_stdio_mcp_servers_with_it(tmp_path: Path, pidfile: Path) -> None:
+    defs = mcp_tree_definitions(tmp_path / "defs", pidfile)
+    with ServerProcess(defs, tmp_path / "state") as server, anyio.fail_after(60):
+        async with httpx.AsyncClient(base_url=server.url, timeout=30, trust_env=False) as client:
+            conversation = await Conversation.create(client, "plugged")
+            answer = (await conversation.send("pid")).json()
+        pids = pids_in(pidfile)
+        assert answer["output"] == f"pid={pids[0]}", answer  # the MCP server is the tree's leader
+        assert all(alive(pid) for pid in pids)
+        server.signal(signal.SIGKILL)
+        await anyio.to_thread.run_sync(server.wait, 10)
+        await wait_until(lambda: none_alive(pids), bound=15)

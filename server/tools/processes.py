@@ -17,7 +17,9 @@ argv: command tools and hooks do that.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -141,8 +143,7 @@ async def _start(argv: Sequence[str], cwd: Path, env: dict[str, str], *,
         return await _open(argv, list(argv), cwd, env, piped=piped), None
     status, report = os.pipe()
     try:
-        lc_ctype = f"LC_CTYPE={env['LC_CTYPE']}" if "LC_CTYPE" in env else ""
-        command = [sys.executable, "-I", "-S", str(REAPER), str(report), str(os.getpid()), lc_ctype, *argv]
+        command = supervised(argv, env, str(report))
         process = await _open(argv, command, cwd, env, piped=piped, pass_fds=(report,))
     except BaseException:
         os.close(status)
@@ -150,6 +151,29 @@ async def _start(argv: Sequence[str], cwd: Path, env: dict[str, str], *,
     finally:
         os.close(report)  # the supervisor holds the only write end now: EOF is its answer
     return process, status
+
+
+def supervised(argv: Sequence[str], env: dict[str, str], status: str = "-") -> list[str]:
+    """`argv` run under the supervisor (reaper.py), by a process this one starts with `env`; `status` is
+    the supervisor's STATUS_FD (`-`: none, a start failure is written to stderr)."""
+    lc_ctype = f"LC_CTYPE={env['LC_CTYPE']}" if "LC_CTYPE" in env else ""
+    return [sys.executable, "-I", "-S", str(REAPER), status, str(os.getpid()), lc_ctype, *argv]
+
+
+def locate(program: str, path: str | None, cwd: Path) -> str:
+    """Where `program` is, as an exec from `cwd` with PATH `path` finds it; the OSError that exec would
+    raise when it is nowhere (for a caller that must say so before the supervisor starts)."""
+    if os.sep in program:
+        found = cwd / program
+        if not found.is_file():
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+        if not os.access(found, os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
+        return str(found)
+    found_on_path = shutil.which(program, path=path)
+    if found_on_path is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+    return str(Path(found_on_path).absolute())
 
 
 async def _open(argv: Sequence[str], command: list[str], cwd: Path, env: dict[str, str], *, piped: bool,

@@ -12,7 +12,9 @@ or SIGHUP, or when the server dies, it SIGKILLs every process below it until
 none remains, then exits as PROGRAM did (a signal death is reproduced).
 
 STATUS_FD is the write end of a pipe: a start failure is written to it as
-"ERRNO STRERROR" (exit 127); it is closed once PROGRAM runs. LC_CTYPE is
+"ERRNO STRERROR" (exit 127); it is closed once PROGRAM runs. It is `-` when
+the caller cannot pass a pipe (an MCP stdio server, which the mcp SDK
+spawns): a start failure is then a line on stderr. LC_CTYPE is
 "LC_CTYPE=value" as the caller's environment had it, or empty when unset:
 Python's start may set it (C locale coercion, PEP 538), and PROGRAM gets
 the environment exactly as given.
@@ -44,7 +46,8 @@ RESCAN_S = 0.05  # a process forked while the tree was being killed shows up at 
 
 
 def main(argv: list[str]) -> None:
-    status_fd, parent, lc_ctype, program = int(argv[1]), int(argv[2]), argv[3], argv[4:]
+    status_fd = None if argv[1] == "-" else int(argv[1])
+    parent, lc_ctype, program = int(argv[2]), argv[3], argv[4:]
     # Blocked from the start, so none of them is lost before it is waited on.
     _signal.pthread_sigmask(_signal.SIG_BLOCK, WATCHED)
     prctl = _prctl()
@@ -89,15 +92,20 @@ def _environment(lc_ctype: str) -> dict[str, str]:
     return env
 
 
-def _start(program: list[str], env: dict[str, str], status_fd: int) -> int | None:
-    os.set_inheritable(status_fd, False)  # the program must not hold it: its end is the "started" signal
+def _start(program: list[str], env: dict[str, str], status_fd: int | None) -> int | None:
+    if status_fd is not None:
+        os.set_inheritable(status_fd, False)  # the program must not hold it: its end is the "started" signal
     try:
         return os.posix_spawnp(program[0], program, env, setsigmask=(), setsigdef=RESTORED)
     except OSError as exc:
-        os.write(status_fd, f"{exc.errno or 0} {exc.strerror or exc}".encode())
+        if status_fd is None:
+            os.write(2, f"cannot start {program[0]}: {exc.strerror or exc}\n".encode())
+        else:
+            os.write(status_fd, f"{exc.errno or 0} {exc.strerror or exc}".encode())
         return None
     finally:
-        os.close(status_fd)
+        if status_fd is not None:
+            os.close(status_fd)
 
 
 def _let_go_of_stdio() -> None:

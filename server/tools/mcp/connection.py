@@ -42,6 +42,7 @@ from ...compiler.templates import MissingSecret, resolve_secrets
 from ...deployment.vault import FileVault
 from ..base import EXECUTION_KEY_META, ToolOutput
 from ..confinement import Redactor, program_path
+from ..processes import SUPERVISED, locate, supervised
 from .catalog import render_result
 
 log = logging.getLogger("corral.mcp")
@@ -210,9 +211,11 @@ class Connection:
         env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
         env["PATH"] = program_path(os.environ.get("PATH"))  # `python3` is the one Corral runs on
         env.update({k: resolve_secrets(v, self.environ) for k, v in server.env.items()})
-        return StdioServerParameters(command=resolve(str(server.command)),
-                                     args=[resolve(a) for a in server.args],
-                                     env=env, cwd=self.root / server.cwd if server.cwd else self.root)
+        cwd = self.root / server.cwd if server.cwd else self.root
+        argv = [resolve(str(server.command)), *(resolve(a) for a in server.args)]
+        if SUPERVISED:  # under reaper.py, as command tools: the server's whole tree dies with Corral's
+            argv = supervised([locate(argv[0], env.get("PATH"), cwd), *argv[1:]], env)
+        return StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=cwd)
 
     # --- requests ------------------------------------------------------------
 
