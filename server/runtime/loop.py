@@ -34,7 +34,7 @@ fails with `output_invalid`; `Done` then carries the JSON text and its value.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -146,12 +146,17 @@ async def _prompt(plan: TurnPlan) -> str:
     notes: list[str] = []
     if not plan.history:
         notes += (await plan.hooks.run("session_start", {"source": "startup"})).context
-    verdict = await plan.hooks.run("user_prompt_submit", {"prompt": plan.input})
+    return await submitted(plan.hooks, plan.input, notes)
+
+
+async def submitted(hooks: Hooks, text: str, notes: Sequence[str] = ()) -> str:
+    """A prompt past the user_prompt_submit hooks (a turn's, or one steered into it): with the context
+    they add; raises `prompt_blocked` when one denies it."""
+    verdict = await hooks.run("user_prompt_submit", {"prompt": text})
     if verdict.decision == "deny":
         raise RunError(f"the prompt was blocked by a hook: {verdict.reason or 'no reason given'}",
                        code="prompt_blocked")
-    notes += verdict.context
-    return "\n\n".join([plan.input, *notes])
+    return "\n\n".join([text, *notes, *verdict.context])
 
 
 async def _keep_going(plan: TurnPlan, rounds: int) -> str | None:
