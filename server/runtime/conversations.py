@@ -283,14 +283,21 @@ class Conversations:
                 await self.runner.run(conversation, closure, turn, task_status, resumed=resumed)
         finally:
             with anyio.CancelScope(shield=True):
-                await self.runner.finish(conversation, turn)
-                if turn.record.idempotency_key:
-                    self.keys.forget(conversation.id, turn.record.idempotency_key)
-                # released with its ending; or not ours to release (it goes on elsewhere)
-                recorded = turn.ending is not None and turn.ending.done > 0
-                await self.admission.leave(conversation.id, turn.id, released=recorded or bool(turn.stopped))
-                if turn.stopped is None:
-                    self.steering.left_over(conversation.id, turn.id, self._tg, self._left_turn)
+                await self._ended(conversation, turn)
+
+    async def _ended(self, conversation: ConversationRecord, turn: ActiveTurn) -> None:
+        """After a turn ran here (shielded): its ending recorded, the conversation left to the next."""
+        if turn.messages is None:  # its first write failed: no row, no event to end; `_start` leaves
+            turn.abandon()
+            return
+        await self.runner.finish(conversation, turn)
+        if turn.record.idempotency_key:
+            self.keys.forget(conversation.id, turn.record.idempotency_key)
+        # released with its ending; or not ours to release (it goes on elsewhere)
+        recorded = turn.ending is not None and turn.ending.done > 0
+        await self.admission.leave(conversation.id, turn.id, released=recorded or bool(turn.stopped))
+        if turn.stopped is None:
+            self.steering.left_over(conversation.id, turn.id, self._tg, self._left_turn)
 
     async def _left_turn(self, conversation_id: str, text: str) -> None:
         """A message steered into a turn that ended without it: a turn of its own, after the others."""
