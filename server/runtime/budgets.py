@@ -81,6 +81,12 @@ class TurnSpend:
             self._request = self._estimate(request)
             self.budget.check(self.spent + self._request, "estimated", before=True)
 
+    def add(self, usage: Usage) -> None:
+        """Tokens the turn spent besides its own requests (a compaction's summary), as reported."""
+        self.spent += usage.input_tokens + usage.output_tokens
+        if self.budget is not None:
+            self.budget.check(self.spent, "actual")
+
     def after(self, usage: Usage, reply: AssistantMessage) -> None:
         if self.budget is None:
             return

@@ -195,12 +195,16 @@ async def _stream_step(plan: TurnPlan, request: ModelRequest, step: _Step) -> As
         plan.window.observe(step.usage)
 
 
-async def _carried(plan: TurnPlan, messages: list[Message]) -> tuple[Message, ...]:
+async def _carried(plan: TurnPlan, messages: list[Message]) -> tuple[tuple[Message, ...], Usage]:
     """What the next request carries: the turn so far, with the messages steered into it since
-    (`if_busy: steer`), as the conversation's context window has it (compacted, or refused)."""
+    (`if_busy: steer`), as the conversation's context window has it (compacted, or refused); and
+    what compacting it spent on a summary."""
     if plan.steers is not None:
         messages += await plan.steers()
-    return tuple(messages) if plan.window is None else await plan.window.prepare(messages)
+    if plan.window is None:
+        return tuple(messages), Usage()
+    carried = await plan.window.prepare(messages)
+    return carried, plan.window.take_spent()
 
 
 async def run_turn(plan: TurnPlan) -> AsyncIterator[LoopEvent]:
@@ -221,7 +225,11 @@ async def run_turn(plan: TurnPlan) -> AsyncIterator[LoopEvent]:
     spend = TurnSpend(plan.budget, instructions, specs)
     for _ in range(max(plan.max_steps - steps_done, 0)):
         step = _Step()
-        request = ModelRequest(instructions, await _carried(plan, messages), specs, response_format)
+        carried, summarized = await _carried(plan, messages)
+        usage = usage + summarized  # compacting the context may have asked a model for a summary
+        yield Spent(usage)
+        spend.add(summarized)
+        request = ModelRequest(instructions, carried, specs, response_format)
         spend.before(request)
         async for event in _stream_step(plan, request, step):
             yield event
