@@ -81,6 +81,12 @@ instructions: Be brief.
 context: { threshold: 0.5, keep_recent_turns: 1 }
 ---
 kind: Agent
+name: reporting_budgeted
+model: claude
+context: { threshold: 0.5, keep_recent_turns: 1 }
+budget: { max_tokens_per_turn: 1000 }
+---
+kind: Agent
 name: summarized_by_claude
 model: gpt
 instructions: Be brief.
@@ -256,6 +262,25 @@ async def test_reported_usage_drives_compaction(client: httpx.AsyncClient, fakes
     assert event.data["source"] == "actual" and event.data["before"] > 1000 and event.data["messages"] == 2
     now = await context(c)
     assert now["source"] == "actual" and 60 < now["used"] < 100 and now["compactions"] == 1
+    # the summary request is the turn's: its usage counts with the turn's own request
+    assert (await c.turns())[2]["usage"] == {"input_tokens": 50 + 60, "output_tokens": 3 + 2}
+
+
+async def test_a_summary_request_counts_toward_the_turn_budget(client: httpx.AsyncClient,
+                                                               fakes: Fakes) -> None:
+    """The third turn's own request (962 tokens) fits its budget of 1,000; with the summary request
+    its compaction made (53 tokens), the turn passes it."""
+    fake = fakes.anthropic
+    fake.script(Reply(text="one", usage=(300, 2)), Reply(text="two", usage=(990, 2)),
+                Reply(text="SUMMARY-B", usage=(50, 3)), Reply(text="three", usage=(960, 2)))
+    c = await Conversation.create(client, "reporting_budgeted")
+    await say(c, f"first {MEDIUM}")
+    await say(c, "second")
+    third = await c.say("third question, and a longer one", bound=20)
+    assert [is_summary_request(r) for r in fake.requests] == [False, False, True, False]
+    assert third["status"] == "failed" and third["error"]["code"] == "budget_exceeded", third
+    assert third["error"]["details"] == {"budget": "max_tokens_per_turn", "limit": 1000, "used": 1015,
+                                         "source": "actual"}
 
 
 async def test_the_summary_model_can_be_another(client: httpx.AsyncClient, fakes: Fakes) -> None:
