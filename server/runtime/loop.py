@@ -107,6 +107,7 @@ class TurnPlan:
     started: frozenset[str] = frozenset()  # tool calls whose `tool.started` is committed
     unknown: frozenset[str] = frozenset()  # ... and which may have run, with no result committed
     budget: Budget | None = None  # the agent's token budget (`budgets`)
+    used: Usage = field(default_factory=Usage)  # what earlier attempts of this turn used (committed)
     output: OutputSchema | None = None  # the JSON the final answer must be (`structured`)
     window: ContextWindow | None = None  # what each model request carries, compacted (`context`)
     steers: Callable[[], Awaitable[list[Message]]] | None = None  # messages steered in, once committed
@@ -209,7 +210,7 @@ async def _carried(plan: TurnPlan, messages: list[Message]) -> tuple[tuple[Messa
 
 async def run_turn(plan: TurnPlan) -> AsyncIterator[LoopEvent]:
     guards = _Guards()
-    usage = Usage()
+    usage = plan.used  # a resumed turn goes on from what its earlier attempts spent
     if plan.resumed:
         messages: list[Message] = [*plan.history, *plan.resumed]
         async for event in _resume(plan, guards, messages):
@@ -223,6 +224,7 @@ async def run_turn(plan: TurnPlan) -> AsyncIterator[LoopEvent]:
     steps_done = sum(isinstance(m, AssistantMessage) for m in plan.resumed)
     instructions, response_format = _form(plan)
     spend = TurnSpend(plan.budget, instructions, specs)
+    spend.add(plan.used)
     for _ in range(max(plan.max_steps - steps_done, 0)):
         step = _Step()
         carried, summarized = await _carried(plan, messages)
@@ -301,7 +303,7 @@ async def _resume(plan: TurnPlan, guards: _Guards, messages: list[Message]) -> A
             messages.append(answer)
             yield Append(answer)
         else:
-            yield Done(answer[0], "end_turn", Usage(), answer[1])
+            yield Done(answer[0], "end_turn", plan.used, answer[1])
         return
     after = plan.resumed[plan.resumed.index(reply) + 1:]
     answered = {m.tool_call_id for m in after if isinstance(m, ToolResultMessage)}

@@ -269,8 +269,9 @@ class Store(Protocol):
     # ^ create_turn + the conversation "busy" + the event (its `turn.started`); returns the event's seq
     async def append(self, conversation_id: str, turn_id: str, messages: list[Message],
                      events: list[tuple[str, dict[str, Any]]], now: float,
-                     *, fence: int | None = None) -> list[int]: ...
-    # ^ messages to the transcript and events to the log, together; returns the events' seqs
+                     *, fence: int | None = None, usage: dict[str, int] | None = None) -> list[int]: ...
+    # ^ messages to the transcript and events to the log, together; returns the events' seqs. `usage`:
+    # the turn's usage so far, set with them (a resumed turn's budget starts from it)
     async def end_turn(self, turn_id: str, conversation_id: str, changes: dict[str, Any],
                        event: tuple[str, dict[str, Any]], now: float, *, fence: int | None = None) -> int: ...
     # ^ update_turn(changes) + the event (its ending) + the conversation "idle" + release(turn);
