@@ -82,9 +82,10 @@ class TurnSpend:
             self.budget.check(self.spent + self._request, "estimated", before=True)
 
     def add(self, usage: Usage) -> None:
-        """Tokens the turn spent besides its own requests (a compaction's summary), as reported."""
-        self.spent += usage.input_tokens + usage.output_tokens
-        if self.budget is not None:
+        """Tokens the turn spent besides its requests now (a compaction's summary, an earlier attempt)."""
+        tokens = usage.input_tokens + usage.output_tokens
+        self.spent += tokens
+        if self.budget is not None and tokens:
             self.budget.check(self.spent, "actual")
 
     def after(self, usage: Usage, reply: AssistantMessage) -> None:
