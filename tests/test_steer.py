@@ -168,6 +168,19 @@ async def test_messages_left_when_the_turn_ends_each_start_a_turn_in_order(
         client: httpx.AsyncClient, fake: FakeOpenAI) -> None:
     """Two messages steered into a turn that is then interrupted (so it makes no model request after
     them): each starts a turn of its own, in the order sent, and the server stays healthy."""
+    await left_over(client, fake)
+
+
+async def test_messages_left_over_on_postgresql(fake: FakeOpenAI, postgres_url: str, tmp_path: Path) -> None:
+    with pytest.MonkeyPatch.context() as env, serve(fake.app) as url:
+        env.setenv("FAKE_OPENAI_KEY", "sk-fake")
+        with corral_server(definitions(tmp_path / "defs", url), tmp_path / "state",
+                           database_url=postgres_url) as base_url:
+            async with checked_client(base_url, fake) as client:
+                await left_over(client, fake)
+
+
+async def left_over(client: httpx.AsyncClient, fake: FakeOpenAI) -> None:
     fake.script(Stall(text="thinking"), Reply(text="one"), Reply(text="two"))
     c = await Conversation.create(client, "rejecting")
     with anyio.fail_after(30):
