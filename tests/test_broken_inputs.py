@@ -158,6 +158,10 @@ CASES = [
     ("hook-matcher-regex", {"h.yaml": "kind: Hook\nname: guard\nevent: PreToolUse\nmatcher: 'ec(ho'\n"
                             "command: ls\n"}, "h.yaml:4:1", "Hook/guard", "matcher",
      "not a valid regular expression: missing )"),
+    ("window-under-output", {"models.yaml": MODEL + "context_window: 2000\n"}, "models.yaml:7:1", "Model/bot",
+     "context_window", "a context window of 2000 tokens cannot hold max_output_tokens (4096)"),
+    ("window-equal-output", {"models.yaml": MODEL + "max_output_tokens: 300\ncontext_window: 300\n"},
+     "models.yaml:8:1", "Model/bot", "context_window", "cannot hold max_output_tokens (300)"),
     ("script-when-regex", {"models.yaml": MODEL + "  - when: '[oops'\n    reply: x\n"}, "models.yaml:7:5",
      "Model/bot", "script[1].when", "not a valid regular expression"),
     ("schema-invalid", {"tools.yaml": TOOL.replace("type: string", "type: strng")}, "tools.yaml:3:1",

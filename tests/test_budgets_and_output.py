@@ -9,6 +9,7 @@ the official `openai` client) and MCP (with the official `mcp` client).
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,12 +23,12 @@ from mcp import Client
 
 from server.compiler.compiler import Compiler
 from server.errors import DefinitionsInvalid
-from tests.fakes import Reply, serve
+from tests.fakes import Call, Reply, serve
 from tests.support.client import Conversation, talk
-from tests.support.events import ended
-from tests.support.fake_models import Fakes
-from tests.support.servers import corral_server
-from tests.support.trees import write_tree
+from tests.support.events import ended, named
+from tests.support.fake_models import Fakes, checked_client
+from tests.support.servers import ServerProcess, corral_server
+from tests.support.trees import gate_yaml, open_gate, write_tree
 
 pytestmark = pytest.mark.anyio
 
@@ -181,6 +182,49 @@ async def test_conversation_budget_across_turns(client: httpx.AsyncClient, fakes
     fakes.openai.script(Reply(text="fresh", usage=(40, 20)))
     _, answer = await talk(client, "frugal", "again")
     assert answer["status"] == "completed"
+
+
+async def test_a_resumed_turn_counts_what_its_earlier_attempt_spent(fakes: Fakes, tmp_path: Path) -> None:
+    """A turn's first step (110 tokens) is committed, then its server is killed in the tool call that
+    followed. The next start resumes the turn, whose next request (about 130 tokens estimated, within
+    the budget of 300 with the 110) spends 210: 320 in all, past the turn's budget (counted from
+    zero, the resumed attempt would pass it)."""
+    fake, gate = fakes.openai, tmp_path / "gate"
+    with serve(fake.app) as url:
+        defs = write_tree(tmp_path / "defs", {
+            "models.yaml": f"kind: Model\nname: gpt\nprovider: openai\nmodel: gpt-fake\nbase_url: {url}/v1\n"
+                           "api_key: ${CORRAL_TEST_OPENAI_KEY}\nretries: 0",
+            "tools.yaml": gate_yaml(),
+            "agents.yaml": "kind: Agent\nname: thrifty\nmodel: gpt\ntools: [gate]\n"
+                           "budget: {max_tokens_per_turn: 300}",
+        })
+        env, state = {"CORRAL_TEST_OPENAI_KEY": "sk-fake"}, tmp_path / "state"
+        try:
+            with ServerProcess(defs, state, env=env) as server, anyio.fail_after(30):
+                async with checked_client(server.url, fake) as client:
+                    fake.script(Reply(calls=(Call("gate", {"path": str(gate)}),), usage=(100, 10)))
+                    c = await Conversation.create(client, "thrifty")
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(c.try_send, "go")
+                        started = await c.events(named("tool.started"))  # the step is committed
+                        server.signal(signal.SIGKILL)
+                        await anyio.to_thread.run_sync(server.wait, 10)
+        finally:
+            open_gate(gate)  # the orphaned tool process polls for it, and exits
+        turn_id = next(e.data["turn_id"] for e in started if e.name == "turn.started")
+        fake.script(Reply(text="done", usage=(200, 10)))  # the turn resumes as the server starts
+        with ServerProcess(defs, state, env=env) as again, anyio.fail_after(30):
+            async with httpx.AsyncClient(base_url=again.url, timeout=20, trust_env=False) as client:
+                resumed = c.through(client)
+                events = await resumed.events(ended(turn_id))
+                [turn] = await resumed.turns()
+    assert events[-1].name == "turn.failed", events[-1]
+    assert fake.pending == 0, events[-1]
+    error = events[-1].data["error"]
+    assert error["code"] == "budget_exceeded", error
+    assert error["details"] == {"budget": "max_tokens_per_turn", "limit": 300, "used": 320,
+                                "source": "actual"}
+    assert (turn["attempts"], turn["usage"]) == (2, {"input_tokens": 300, "output_tokens": 20})
 
 
 # --- output_schema over HTTP ---------------------------------------------------------------------------

@@ -54,6 +54,8 @@ def models(openai_url: str, anthropic_url: str) -> str:
         "max_output_tokens: 100\ntimeout_s: 1",
         f"kind: Model\nname: claude\nmodel: claude-fake\n{anthropic}\ncontext_window: 2000\n"
         "max_output_tokens: 100",
+        # offline: it echoes what it is sent, so a summary it writes is longer than what it summarizes
+        "kind: Model\nname: echo\nprovider: scripted\ncontext_window: 1000\nmax_output_tokens: 100",
     ])
 
 
@@ -79,10 +81,21 @@ instructions: Be brief.
 context: { threshold: 0.5, keep_recent_turns: 1 }
 ---
 kind: Agent
+name: reporting_budgeted
+model: claude
+context: { threshold: 0.5, keep_recent_turns: 1 }
+budget: { max_tokens_per_turn: 1000 }
+---
+kind: Agent
 name: summarized_by_claude
 model: gpt
 instructions: Be brief.
 context: { threshold: 0.5, keep_recent_turns: 1, model: claude }
+---
+kind: Agent
+name: echoing
+model: echo
+context: { threshold: 0.5, keep_recent_turns: 1 }
 ---
 kind: Agent
 name: unmanaged
@@ -235,7 +248,7 @@ async def test_reported_usage_drives_compaction(client: httpx.AsyncClient, fakes
     fake.script(Reply(text="one", usage=(300, 2)), Reply(text="two", usage=(990, 2)),
                 Reply(text="SUMMARY-A", usage=(50, 3)), Reply(text="three", usage=(60, 2)))
     c = await Conversation.create(client, "reporting")
-    await say(c, "first")
+    await say(c, f"first {MEDIUM}")  # longer than a summary: else the summary would be dropped
     used = await context(c)
     assert used["source"] == "actual" and used["used"] > 300  # the reported 300, and "one" since
     await say(c, "second")
@@ -249,6 +262,25 @@ async def test_reported_usage_drives_compaction(client: httpx.AsyncClient, fakes
     assert event.data["source"] == "actual" and event.data["before"] > 1000 and event.data["messages"] == 2
     now = await context(c)
     assert now["source"] == "actual" and 60 < now["used"] < 100 and now["compactions"] == 1
+    # the summary request is the turn's: its usage counts with the turn's own request
+    assert (await c.turns())[2]["usage"] == {"input_tokens": 50 + 60, "output_tokens": 3 + 2}
+
+
+async def test_a_summary_request_counts_toward_the_turn_budget(client: httpx.AsyncClient,
+                                                               fakes: Fakes) -> None:
+    """The third turn's own request (962 tokens) fits its budget of 1,000; with the summary request
+    its compaction made (53 tokens), the turn passes it."""
+    fake = fakes.anthropic
+    fake.script(Reply(text="one", usage=(300, 2)), Reply(text="two", usage=(990, 2)),
+                Reply(text="SUMMARY-B", usage=(50, 3)), Reply(text="three", usage=(960, 2)))
+    c = await Conversation.create(client, "reporting_budgeted")
+    await say(c, f"first {MEDIUM}")
+    await say(c, "second")
+    third = await c.say("third question, and a longer one", bound=20)
+    assert [is_summary_request(r) for r in fake.requests] == [False, False, True, False]
+    assert third["status"] == "failed" and third["error"]["code"] == "budget_exceeded", third
+    assert third["error"]["details"] == {"budget": "max_tokens_per_turn", "limit": 1000, "used": 1015,
+                                         "source": "actual"}
 
 
 async def test_the_summary_model_can_be_another(client: httpx.AsyncClient, fakes: Fakes) -> None:
@@ -341,8 +373,8 @@ async def test_compact_now_under_the_threshold_and_409_while_a_turn_runs(
     fake.script(Reply(text="one"), Reply(text="two"), Reply(text="three"), Reply(text="SUMMARY-NOW"),
                 Reply(calls=(Call("gate", {"path": str(gate)}),)), Reply(text="four"))
     c = await Conversation.create(client, "summarizing")
-    for text in ("first", "second", "third"):
-        await say(c, text)
+    for text in ("first", "second", "third"):  # each longer than a summary (else it would be dropped)
+        await say(c, f"{text} {MEDIUM}")
     r = await client.post(f"{c.path}/compact")
     assert r.status_code == 200, r.text
     body = r.json()
@@ -360,7 +392,7 @@ async def test_compact_now_under_the_threshold_and_409_while_a_turn_runs(
     assert c.replies[-1].json()["status"] == "completed"
     assert openai_texts(fake.requests[4])[1:] == [
         ("user", summary_text("SUMMARY-NOW")),
-        ("user", "third"), ("assistant", "three"), ("user", "fourth")]
+        ("user", f"third {MEDIUM}"), ("assistant", "three"), ("user", "fourth")]
     fake.script(Reply(text="SUMMARY-AGAIN"))
     again = await client.post(f"{c.path}/compact")  # the third turn now: the summary goes on from the last
     assert again.status_code == 200 and again.json()["messages"] == 2
@@ -369,6 +401,25 @@ async def test_compact_now_under_the_threshold_and_409_while_a_turn_runs(
     nothing = await client.post(f"{c.path}/compact")  # only the last turn is left: nothing older
     assert nothing.status_code == 200 and nothing.json()["compacted"] is False
     assert nothing.json()["context"]["compactions"] == 2
+
+
+async def test_a_summary_no_smaller_than_what_it_replaces_is_dropped_for_truncate(
+        client: httpx.AsyncClient) -> None:
+    """The offline `scripted` model echoes the conversation it is asked to summarize: each summary
+    would be longer than the messages it replaces, so it is dropped and the oldest turns are left
+    out instead; every turn goes on, and `POST …/compact` never makes the view larger either."""
+    c = await Conversation.create(client, "echoing")
+    for n in range(6):  # about 200 tokens a turn (the model echoes), against a threshold of 500
+        await say(c, f"turn {n} {MEDIUM}")
+    events = await compacted_events(c)
+    assert events and {e.data["strategy"] for e in events} == {"truncate"}, [e.data for e in events]
+    assert all(e.data["after"] < e.data["before"] and e.data["messages"] > 0 for e in events)
+    used = (await context(c))["used"]
+    assert used <= 500
+    r = await client.post(f"{c.path}/compact")
+    assert r.status_code == 200, r.text
+    assert r.json()["context"]["used"] <= used
+    await say(c, "one more")
 
 
 async def test_context_of_an_unknown_conversation_is_404(client: httpx.AsyncClient) -> None:

@@ -12,7 +12,9 @@ by the test, not by timing.
 from __future__ import annotations
 
 import contextlib
+import re
 import resource
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,6 +43,41 @@ def unwritable(pid: int) -> Iterator[None]:
     finally:
         with contextlib.suppress(ProcessLookupError):  # it may have exited, as a dead store should
             resource.prlimit(pid, FSIZE, (soft, hard))
+
+
+@contextmanager
+def failing_inserts(database: Path, table: str) -> Iterator[None]:
+    """Every INSERT into `table` fails with an SQLite error (not a constraint), while the block runs:
+    a trigger calls a function no connection has, so only that one write of the server fails."""
+    db = sqlite3.connect(database, isolation_level=None)
+    db.execute(f"CREATE TRIGGER injected_fault BEFORE INSERT ON {table} BEGIN SELECT injected_fault(); END")
+    try:
+        yield
+    finally:
+        db.execute("DROP TRIGGER injected_fault")
+        db.close()
+
+
+async def test_a_turn_whose_first_write_fails_leaves_nothing_behind(tmp_path: Path) -> None:
+    """The write that records a new turn fails: the client gets `storage_error`, and no event, turn or
+    busy conversation is left of it (`corral_busy_conversations` stays 0)."""
+    state = tmp_path / "state"
+    with ServerProcess(gated_definitions(tmp_path / "defs"), state) as server, anyio.fail_after(60):
+        async with httpx.AsyncClient(base_url=server.url, timeout=30, trust_env=False) as client:
+            c = await Conversation.create(client, "gated")
+            with failing_inserts(state / "corral.db", "turns"):
+                refused = await c.send("hello")
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["error"]["code"] == "storage_error"
+            assert await c.turns() == [] and (await c.get())["status"] == "idle"
+            metrics = (await client.get("/metrics")).text
+            assert re.search(r"^corral_busy_conversations 0(\.0)?$", metrics, re.M), metrics
+            answer = await c.say("hello again")  # the conversation goes on
+            assert answer["status"] == "completed", answer
+            events = await c.events(ended(answer["turn_id"]))
+            turn_events = [e.name for e in events if e.name.startswith("turn.")]
+            assert turn_events == ["turn.started", "turn.completed"]
+            assert {e.data["turn_id"] for e in events if "turn_id" in e.data} == {answer["turn_id"]}
 
 
 async def test_a_failed_write_fails_its_turn_and_the_server_goes_on(tmp_path: Path) -> None:

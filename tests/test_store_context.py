@@ -95,3 +95,27 @@ async def test_a_steered_message_left_behind_is_dropped_once(store, other):
     assert await store.drop_steers("c1", "t1", first) == []
     assert await store.drop_steers("c1", "t1") == ["two"]
     assert await store.take_steers("c1", "t1", 2.0) == []
+
+
+async def test_several_messages_left_behind_come_back_in_order(store, other):
+    await conversations(store, "c1")
+    for text in ("one", "two", "three"):
+        await store.add_steer("c1", "t1", text, 1.0)
+    assert await other.drop_steers("c1", "t1") == ["one", "two", "three"]
+
+
+async def test_a_message_steered_under_a_key_is_recorded_once(store, other):
+    await conversations(store, "c1", "c2")
+    first = await store.add_steer("c1", "t1", "one", 10.0, key="k", request="sha256:a", since=0.0)
+    assert first is not None
+    assert await other.add_steer("c1", "t1", "one", 11.0, key="k", request="sha256:a", since=0.0) is None
+    assert await other.steer_key("c1", "k", 0.0) == ("t1", "sha256:a")
+    assert await other.steer_key("c2", "k", 0.0) is None  # keys are per conversation
+    assert await other.steer_key("c1", "k", 10.5) is None  # recorded before `since`: forgotten
+    assert await other.drop_steers("c1", "t1") == ["one"]  # the duplicate added nothing
+    # an expired key names a new message
+    again = await store.add_steer("c1", "t2", "two", 20.0, key="k", request="sha256:b", since=15.0)
+    assert again is not None and await other.steer_key("c1", "k", 15.0) == ("t2", "sha256:b")
+    # a message dropped for a turn of its own takes its key along
+    assert await other.drop_steers("c1", "t2", again) == ["two"]
+    assert await store.steer_key("c1", "k", 0.0) is None

@@ -152,6 +152,10 @@ class ModelDocument(Document):
         if self.name in self.fallbacks:
             raise FieldProblem(("fallbacks", self.fallbacks.index(self.name)),
                                "a model cannot fall back to itself")
+        if self.context_window is not None and self.context_window <= self.max_output_tokens:
+            # every request would fail with context_window_exceeded: no room is left for its input
+            raise FieldProblem(("context_window",), f"a context window of {self.context_window} tokens"
+                               f" cannot hold max_output_tokens ({self.max_output_tokens}) and a request")
         return self
 
 

@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..errors import RequestError
-from ..runtime.conversations import Steered
+from ..runtime.steering import Steered
 from ..store.base import ConversationRecord, EventRecord, TurnRecord
 from .plumbing import KEEP_ALIVE, iso, page, page_params, read_json, sse_frame, sse_response
 

@@ -98,8 +98,8 @@ DOCS: dict[Callable[..., Any] | type, Doc] = {
                                            status=204, media=""),
     conversations.send_message: Doc(
         "Run a turn (JSON, or SSE with stream); with if_busy steer into a running turn, 202 {turn_id}",
-        (*REF, *IN_CONVERSATION, "conversation_busy", "idempotency_key_reused", "conflict", "overloaded"),
-        body=conversations.SendMessage),
+        (*REF, *IN_CONVERSATION, "conversation_busy", "idempotency_key_reused", "conflict", "overloaded",
+         "prompt_blocked"), body=conversations.SendMessage),
     conversations.list_messages: Doc("The transcript", CURSORS, query=PAGE),
     conversations.list_turns: Doc("The turns", CURSORS, query=PAGE),
     conversations.conversation_events: Doc("The conversation's events (Last-Event-ID resumes)", CURSORS,

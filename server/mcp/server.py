@@ -50,7 +50,7 @@ from ..canonical import thaw
 from ..compiler.definitions import PATH_KINDS, AgentDefinition, SkillDefinition
 from ..deployment.reports import SwapReport
 from ..errors import TOOL_RESULT, CorralError, envelope, forms
-from ..runtime.conversations import Steered
+from ..runtime.steering import Steered
 from ..runtime.structured import MISSING
 from ..runtime.turn import ActiveTurn
 from ..service import Service

@@ -81,6 +81,13 @@ class TurnSpend:
             self._request = self._estimate(request)
             self.budget.check(self.spent + self._request, "estimated", before=True)
 
+    def add(self, usage: Usage) -> None:
+        """Tokens the turn spent besides its requests now (a compaction's summary, an earlier attempt)."""
+        tokens = usage.input_tokens + usage.output_tokens
+        self.spent += tokens
+        if self.budget is not None and tokens:
+            self.budget.check(self.spent, "actual")
+
     def after(self, usage: Usage, reply: AssistantMessage) -> None:
         if self.budget is None:
             return

@@ -15,9 +15,9 @@ store's `recover_lapsed`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from ..messages import Message
+from ..messages import Message, Usage
 from ..store.base import Store, TurnRecord
 
 NEVER_RAN = ("pending", "denied", "expired", "cancelled")  # permission states in which the call did not run
@@ -30,6 +30,7 @@ class Checkpoint:
     started: frozenset[str]  # tool calls whose `tool.started` is committed
     unknown: frozenset[str]  # ... that may have run, with no result committed
     started_seq: int  # the seq of the turn's `turn.started`: its stream replays from there
+    usage: Usage = field(default_factory=Usage)  # what its model requests used, committed with its steps
 
 
 async def checkpoint_of(store: Store, turn: TurnRecord) -> Checkpoint:
@@ -58,4 +59,6 @@ async def checkpoint_of(store: Store, turn: TurnRecord) -> Checkpoint:
     held_back = {p.tool_call_id for p in await store.list_permissions(turn.conversation_id)
                  if p.turn_id == turn.id and p.status in NEVER_RAN}
     return Checkpoint(history=history, messages=messages, started=frozenset(started),
-                      unknown=frozenset(started - finished - held_back), started_seq=started_seq)
+                      unknown=frozenset(started - finished - held_back), started_seq=started_seq,
+                      usage=Usage(int(turn.usage.get("input_tokens") or 0),
+                                  int(turn.usage.get("output_tokens") or 0)))

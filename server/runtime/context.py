@@ -46,16 +46,16 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..canonical import thaw
 from ..compiler.definitions import Closure, ContextPolicy, ModelDefinition, ToolDefinition
 from ..errors import RunError
-from ..messages import AssistantMessage, Message, ToolResultMessage, Usage, UserMessage, repair_history
-from ..providers.base import ModelPort, ModelRequest, TextDelta
+from ..messages import Message, ToolResultMessage, Usage, UserMessage, repair_history
+from ..providers.base import ModelPort
 from ..store.base import ContextView, EventRecord
+from .summaries import summarize
 from .tokens import estimate, estimate_messages
 
 if TYPE_CHECKING:
@@ -67,19 +67,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("corral.context")
 
-SUMMARY_INSTRUCTIONS = (
-    "You compact a conversation between a user and an AI assistant so that it can go on within a "
-    "limited context window. Write a concise summary of the conversation you are given: what the user "
-    "wants, what was decided and done, facts and results learned (tool results included), open "
-    "questions, and what was about to happen next. Write it for the assistant, who will continue "
-    "the conversation from your summary alone; no preamble."
-)
 SUMMARY_HEAD = ("Summary of the earlier part of this conversation (its older messages were compacted to "
                 "fit the context window):\n\n")
 DROPPED_NOTE = "[{n} earlier messages of this conversation were left out to fit the context window]"
 CUT_RESULT = "[tool result cut to fit the context window: {n} characters]"
 CUT_TOKENS = estimate(CUT_RESULT.format(n=10**6))  # what a cut result still costs
-RENDER_LIMIT = 4000  # characters of one message shown to the summary model
 COMPACTED = "context.compacted"
 
 Commit = Callable[[ContextView, dict[str, Any]], Awaitable[None]]
@@ -365,6 +357,7 @@ class ContextWindow:
         self.commit = commit
         self._carried = 0
         self._kept: tuple[int, list[Message]] | None = None  # (view number, the history it keeps)
+        self.spent = Usage()  # what its summary requests used, not yet counted by the turn (`take_spent`)
 
     async def prepare(self, messages: Sequence[Message]) -> tuple[Message, ...]:
         """The messages of the next request, after compacting if it must; raises
@@ -383,6 +376,11 @@ class ContextWindow:
         self._carried = ledger.count
         return self._request(messages)
 
+    def take_spent(self) -> Usage:
+        """What summary requests used since the last call: the turn counts it as its own."""
+        spent, self.spent = self.spent, Usage()
+        return spent
+
     def observe(self, usage: Usage) -> None:
         """The provider's count of the request just made, where it reported one."""
         if usage.input_tokens > 0:
@@ -395,7 +393,10 @@ class ContextWindow:
         if self.policy.strategy != "none" and self.base + own <= limits.room:
             compaction = Compaction(self.contexts, ledger, self.closure, self.base, self.history, self.commit,
                                     turn_id=self.turn_id)
-            await compaction.run(self.policy.strategy, kept=self.policy.keep_recent_turns + 1, minimum=1)
+            try:
+                await compaction.run(self.policy.strategy, kept=self.policy.keep_recent_turns + 1, minimum=1)
+            finally:
+                self.spent = self.spent + compaction.usage
             used, _ = ledger.used(self.base)
         if used > limits.room:
             window = self.model.context_window
@@ -428,6 +429,7 @@ class Compaction:
         self.turn_id = turn_id
         self.model = closure.model_chain()[0]
         self.limits = Limits.of(self.model, closure.agent.context_policy)
+        self.usage = Usage()  # what its summary request used: the turn's budget counts it
 
     def _cut(self, kept: int, minimum: int) -> int | None:
         """Where the kept part begins: the start of the `kept`-th last turn, fewer while the kept part
@@ -452,13 +454,11 @@ class Compaction:
         if cut is None:
             return None
         before, source = ledger.used(self.base)
-        if strategy == "truncate":
-            made = self._truncate(cut)
-        else:
-            made = await self._summarize(cut)
+        made = self._truncate(cut) if strategy == "truncate" else await self._summarize(cut)
         if made is None:
             return None
         view, messages = made
+        strategy = view.strategy  # a summary that did not help was dropped for `truncate`
         after = ledger.estimated(self.base, view.upto_seq, view.cut_seq, head_tokens(view))
         view = replace(view, tokens=after)
         data = {"turn_id": self.turn_id, "strategy": strategy, "before": before, "after": after,
@@ -497,86 +497,14 @@ class Compaction:
         upto = ledger.upto
         previous = ledger.view.summary if ledger.view is not None else None
         port = self.contexts.summarizer(self.closure)
-        text = await summarize(port, previous, self.history[upto:cut])
+        text, self.usage = await summarize(port, previous, self.history[upto:cut])
         was_cut = ledger.cut
         view = self._new_view(upto_seq=cut, cut_seq=was_cut if was_cut > cut else 0, summary=text,
                               strategy="summarize")
+        # a compaction never makes the view larger: a summary no smaller than what it replaces goes
+        if head_tokens(view) >= ledger.estimated(0, upto, ledger.cut, ledger.head) - ledger.estimated(
+                0, cut, max(ledger.cut, cut), 0):
+            log.warning("conversation %s: the summary is no smaller than what it replaces; truncating",
+                        ledger.conversation_id)
+            return self._truncate(cut)
         return view, cut - upto
-
-
-async def summarize(port: ModelPort, previous: str | None, messages: Sequence[Message]) -> str:
-    """Ask `port` for a summary of `messages` (after the `previous` summary), without streaming it
-    anywhere: the text is collected, and only the summary is kept."""
-    limit = _render_limit(port)
-    text = render(previous, messages, limit)
-    request = ModelRequest(SUMMARY_INSTRUCTIONS, (UserMessage(content=text),), ())
-    parts: list[str] = []
-    async with aclosing(port.stream(request)) as chunks:
-        async for chunk in chunks:
-            if isinstance(chunk, TextDelta):
-                parts.append(chunk.text)
-    summary = "".join(parts).strip()
-    if not summary:  # it answered with a tool call, or nothing: an excerpt stands in for the summary
-        log.warning("the model asked for a summary answered none; an excerpt of the messages stands in")
-        return excerpt(previous, messages)
-    return summary
-
-
-def excerpt(previous: str | None, messages: Sequence[Message], each: int = 200) -> str:
-    """The start of each message: what stands for a summary the model did not write."""
-    lines = [previous] if previous else []
-    for message in messages:
-        if isinstance(message, ToolResultMessage):
-            lines.append(f"- tool {message.name}: {_clip(message.content, each)}")
-        elif message.content:
-            lines.append(f"- {message.role}: {_clip(message.content, each)}")
-    return "(an excerpt: no summary was written)\n" + "\n".join(lines)
-
-
-def _render_limit(port: ModelPort) -> int | None:
-    """Characters of conversation the summary model can read, when its window is known."""
-    definition = getattr(port, "definition", None)
-    window = getattr(definition, "context_window", None)
-    if window is None:
-        return None
-    room = window - definition.max_output_tokens - estimate(SUMMARY_INSTRUCTIONS) - 64  # type: ignore[union-attr]
-    return max(room, 256) * 4
-
-
-def render(previous: str | None, messages: Sequence[Message], limit: int | None = None) -> str:
-    """The conversation as the summary model reads it: one block per message, long ones clipped;
-    beyond `limit` characters, the oldest blocks are left out (the previous summary is kept)."""
-    blocks: list[str] = []
-    for message in messages:
-        if isinstance(message, UserMessage):
-            blocks.append(f"User: {_clip(message.content)}")
-        elif isinstance(message, AssistantMessage):
-            calls = "".join(f"\n[called {c.name} {_clip(_arguments(c.arguments), 500)}]"
-                            for c in message.tool_calls)
-            blocks.append(f"Assistant: {_clip(message.content)}{calls}")
-        elif isinstance(message, ToolResultMessage):
-            status = " (error)" if message.is_error else ""
-            result = _clip(message.content, RENDER_LIMIT // 2)
-            blocks.append(f"Tool {message.name} returned{status}: {result}")
-    head = f"Summary of the conversation before this part:\n{previous}\n\n" if previous else ""
-    intro = "The conversation to summarize:\n\n"
-    if limit is not None:
-        room = limit - len(head) - len(intro)
-        kept: list[str] = []
-        for block in reversed(blocks):
-            room -= len(block) + 2
-            if room < 0:
-                break
-            kept.append(block)
-        if len(kept) < len(blocks):
-            kept.append(f"[{len(blocks) - len(kept)} older messages left out]")
-        blocks = kept[::-1]
-    return head + intro + "\n\n".join(blocks)
-
-
-def _clip(text: str, limit: int = RENDER_LIMIT) -> str:
-    return text if len(text) <= limit else text[:limit] + f"… [{len(text) - limit} more characters]"
-
-
-def _arguments(arguments: Any) -> str:
-    return arguments if isinstance(arguments, str) else json.dumps(thaw(arguments), ensure_ascii=False)

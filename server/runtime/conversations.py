@@ -7,9 +7,8 @@ it in (one at a time, under the busy policy) and
 turn in the service's task group (so a client that disconnects cancels
 nothing); interrupting it; draining at shutdown; and the result of a turn
 that ended (`TurnResult`). Event streams are `streams`'. `if_busy: steer`
-(`_steer`) hands a message to the running turn through the store (the turn
-picks it up before its next model request; one that ends first leaves it a
-turn of its own); `context` and `compact` answer and act on the
+hands a message to the running turn (`steering`; one that ends first leaves
+it a turn of its own); `context` and `compact` answer and act on the
 conversation's context (`context`).
 
 Not responsible for: what a turn does (`loop`, driven by `turns`), how it is
@@ -35,7 +34,6 @@ from ..errors import (
     CorralError,
     IdempotencyKeyReused,
     RequestError,
-    StorageError,
     TurnNotFound,
 )
 from ..ids import new_id
@@ -48,6 +46,7 @@ from .elsewhere import TurnsElsewhere
 from .events import EventHub
 from .idempotency import IdempotencyKeys, request_digest
 from .plans import Runtime
+from .steering import Steering
 from .streams import EventStreams
 from .structured import MISSING, OutputSchema
 from .structured import stored as stored_structured
@@ -55,16 +54,6 @@ from .turn import ActiveTurn, Failed, TurnResult
 from .turns import TurnRunner
 
 log = logging.getLogger("corral.conversations")
-
-
-class Steered(Exception):
-    """`if_busy: steer`: the message went to the running turn `turn_id` (HTTP answers 202)."""
-
-    def __init__(self, conversation: ConversationRecord, turn_id: str):
-        super().__init__(turn_id)
-        self.conversation_id = conversation.id
-        self.digest = conversation.digest
-        self.turn_id = turn_id
 
 
 class Conversations:
@@ -78,6 +67,7 @@ class Conversations:
         self.keys = IdempotencyKeys(store, idempotency_ttl_s)
         self.streams = EventStreams(store, hub)
         self.elsewhere = TurnsElsewhere(store, self.admission, self.streams)
+        self.steering = Steering(store, registry, runtime, self.runner, self.admission, idempotency_ttl_s)
         self._tg: TaskGroup | None = None
         self.accepting = True
 
@@ -224,12 +214,14 @@ class Conversations:
         if not self.accepting:
             raise CorralError("the server is shutting down", code="overloaded")
         self.admission.check_capacity()
-        if if_busy == "steer" or (if_busy is None and await self._steers(conversation)):
-            await self._steer(conversation, text)  # raises Steered, unless no turn runs to take it
+        asked = request_digest(text, if_busy) if idempotency_key else None
+        if if_busy == "steer" or (if_busy is None and await self.steering.wanted(conversation)):
+            if not idempotency_key or not await self.keys.known(conversation_id, idempotency_key):
+                # raises Steered, unless no turn runs to take it
+                await self.steering.steer(conversation, text, idempotency_key, asked)
             if_busy = "enqueue"  # a turn of its own, as `enqueue` would start it
         if not idempotency_key:
             return await self._start(conversation, text, if_busy, None, None, output)
-        asked = request_digest(text, if_busy)
         return await self.keys.once(
             conversation_id, idempotency_key, asked,
             start=lambda: self._start(conversation, text, if_busy, idempotency_key, asked, output),
@@ -291,73 +283,29 @@ class Conversations:
                 await self.runner.run(conversation, closure, turn, task_status, resumed=resumed)
         finally:
             with anyio.CancelScope(shield=True):
-                await self.runner.finish(conversation, turn)
-                if turn.record.idempotency_key:
-                    self.keys.forget(conversation.id, turn.record.idempotency_key)
-                # released with its ending; or not ours to release (it goes on elsewhere)
-                recorded = turn.ending is not None and turn.ending.done > 0
-                await self.admission.leave(conversation.id, turn.id, released=recorded or bool(turn.stopped))
-                if turn.stopped is None:
-                    await self._left_steered(conversation.id, turn.id)
+                await self._ended(conversation, turn)
 
-    # --- steering (`if_busy: steer`) ----------------------------------------------
-
-    async def _steers(self, conversation: ConversationRecord) -> bool:
-        """Whether the conversation's agent steers a message sent while it is busy (`on_busy: steer`)."""
-        return (await self.registry.resolve(conversation.agent)).agent.on_busy == "steer"
-
-    async def _steer(self, conversation: ConversationRecord, text: str) -> None:
-        """Add the message to the running turn (raise `Steered`); return when no turn runs to take it.
-
-        The message waits in the store for the turn (on whichever replica) to pick it up before its
-        next model request; the replica running it is told at once. A turn that ended meanwhile,
-        without picking it up, leaves it to this request, which then starts a turn of its own (and
-        a turn that ends later with messages left starts one for them, see `_left_steered`).
-        """
-        holder = await self.admission.holder(conversation.id)
-        if holder is None or not holder.turn_id.startswith("turn_"):  # idle, or a compaction
+    async def _ended(self, conversation: ConversationRecord, turn: ActiveTurn) -> None:
+        """After a turn ran here (shielded): its ending recorded, the conversation left to the next."""
+        if turn.messages is None:  # its first write failed: no row, no event to end; `_start` leaves
+            turn.abandon()
             return
-        steer_id = await self.store.add_steer(conversation.id, holder.turn_id, text, time.time())
-        if holder.replica == self.store.replica:
-            self.runner.steered.add(holder.turn_id)  # after the row: a turn that looks finds it
-        else:
-            await self.store.notify({"t": "steer", "c": conversation.id, "turn": holder.turn_id,
-                                     "to": holder.replica})
-        now = await self.admission.holder(conversation.id)
-        if (now is None or now.turn_id != holder.turn_id) and await self.store.drop_steers(
-                conversation.id, holder.turn_id, steer_id):
-            return  # it ended before taking the message
-        raise Steered(conversation, holder.turn_id)
+        await self.runner.finish(conversation, turn)
+        if turn.record.idempotency_key:
+            self.keys.forget(conversation.id, turn.record.idempotency_key)
+        # released with its ending; or not ours to release (it goes on elsewhere)
+        recorded = turn.ending is not None and turn.ending.done > 0
+        await self.admission.leave(conversation.id, turn.id, released=recorded or bool(turn.stopped))
+        if turn.stopped is None:
+            self.steering.left_over(conversation.id, turn.id, self._tg, self._left_turn)
 
-    async def _left_steered(self, conversation_id: str, turn_id: str) -> None:
-        """A turn that ended here: the messages steered into it that it did not pick up each start a
-        turn of their own. (Several replicas: a notice may be late, so the store is always asked.)"""
-        if turn_id not in self.runner.steered and self.store.embedded:
-            return
-        self.runner.steered.discard(turn_id)
-        try:
-            left = await self.store.drop_steers(conversation_id, turn_id)
-        except StorageError:
-            log.error("could not read the messages steered into turn %s", turn_id)
-            return
-        if left and self._tg is not None:
-            self._tg.start_soon(self._steered_turns, conversation_id, left)
-
-    async def _steered_turns(self, conversation_id: str, contents: list[str]) -> None:
-        for content in contents:
-            try:
-                await self.send(conversation_id, content, if_busy="enqueue")
-            except CorralError as exc:
-                log.error("a message steered into an ended turn of conversation %s was lost: %s",
-                          conversation_id, exc.message)
+    async def _left_turn(self, conversation_id: str, text: str) -> None:
+        """A message steered into a turn that ended without it: a turn of its own, after the others."""
+        await self.send(conversation_id, text, if_busy="enqueue")
 
     def on_notice(self, notice: dict[str, Any]) -> None:
         """A replica's notice: a message steered into a turn running here, or a resync."""
-        if notice.get("t") == "steer" and notice.get("to") == self.store.replica:
-            self.runner.steered.add(str(notice.get("turn")))
-        elif notice.get("t") == "resync":  # notices may have been lost: every turn here looks
-            self.runner.steered.update(turn.id for turn in self.running_turns())
-            self.runner.contexts.forget()
+        self.steering.on_notice(notice)
 
     # --- context (§10) -----------------------------------------------------------
 

@@ -81,6 +81,12 @@ class IdempotencyKeys:
         finally:
             flight.ready.set()
 
+    async def known(self, conversation_id: str, key: str) -> bool:
+        """Whether the key names a turn (in flight here, or stored): a retry of its request."""
+        if (conversation_id, key) in self._in_flight:
+            return True
+        return await self._stored(conversation_id, key) is not None
+
     def forget(self, conversation_id: str, key: str) -> None:
         """The key's turn ended: from now on the store answers for it."""
         self._in_flight.pop((conversation_id, key), None)

@@ -34,7 +34,7 @@ fails with `output_invalid`; `Done` then carries the JSON text and its value.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -107,6 +107,7 @@ class TurnPlan:
     started: frozenset[str] = frozenset()  # tool calls whose `tool.started` is committed
     unknown: frozenset[str] = frozenset()  # ... and which may have run, with no result committed
     budget: Budget | None = None  # the agent's token budget (`budgets`)
+    used: Usage = field(default_factory=Usage)  # what earlier attempts of this turn used (committed)
     output: OutputSchema | None = None  # the JSON the final answer must be (`structured`)
     window: ContextWindow | None = None  # what each model request carries, compacted (`context`)
     steers: Callable[[], Awaitable[list[Message]]] | None = None  # messages steered in, once committed
@@ -146,12 +147,17 @@ async def _prompt(plan: TurnPlan) -> str:
     notes: list[str] = []
     if not plan.history:
         notes += (await plan.hooks.run("session_start", {"source": "startup"})).context
-    verdict = await plan.hooks.run("user_prompt_submit", {"prompt": plan.input})
+    return await submitted(plan.hooks, plan.input, notes)
+
+
+async def submitted(hooks: Hooks, text: str, notes: Sequence[str] = ()) -> str:
+    """A prompt past the user_prompt_submit hooks (a turn's, or one steered into it): with the context
+    they add; raises `prompt_blocked` when one denies it."""
+    verdict = await hooks.run("user_prompt_submit", {"prompt": text})
     if verdict.decision == "deny":
         raise RunError(f"the prompt was blocked by a hook: {verdict.reason or 'no reason given'}",
                        code="prompt_blocked")
-    notes += verdict.context
-    return "\n\n".join([plan.input, *notes])
+    return "\n\n".join([text, *notes, *verdict.context])
 
 
 async def _keep_going(plan: TurnPlan, rounds: int) -> str | None:
@@ -190,17 +196,21 @@ async def _stream_step(plan: TurnPlan, request: ModelRequest, step: _Step) -> As
         plan.window.observe(step.usage)
 
 
-async def _carried(plan: TurnPlan, messages: list[Message]) -> tuple[Message, ...]:
+async def _carried(plan: TurnPlan, messages: list[Message]) -> tuple[tuple[Message, ...], Usage]:
     """What the next request carries: the turn so far, with the messages steered into it since
-    (`if_busy: steer`), as the conversation's context window has it (compacted, or refused)."""
+    (`if_busy: steer`), as the conversation's context window has it (compacted, or refused); and
+    what compacting it spent on a summary."""
     if plan.steers is not None:
         messages += await plan.steers()
-    return tuple(messages) if plan.window is None else await plan.window.prepare(messages)
+    if plan.window is None:
+        return tuple(messages), Usage()
+    carried = await plan.window.prepare(messages)
+    return carried, plan.window.take_spent()
 
 
 async def run_turn(plan: TurnPlan) -> AsyncIterator[LoopEvent]:
     guards = _Guards()
-    usage = Usage()
+    usage = plan.used  # a resumed turn goes on from what its earlier attempts spent
     if plan.resumed:
         messages: list[Message] = [*plan.history, *plan.resumed]
         async for event in _resume(plan, guards, messages):
@@ -214,9 +224,14 @@ async def run_turn(plan: TurnPlan) -> AsyncIterator[LoopEvent]:
     steps_done = sum(isinstance(m, AssistantMessage) for m in plan.resumed)
     instructions, response_format = _form(plan)
     spend = TurnSpend(plan.budget, instructions, specs)
+    spend.add(plan.used)
     for _ in range(max(plan.max_steps - steps_done, 0)):
         step = _Step()
-        request = ModelRequest(instructions, await _carried(plan, messages), specs, response_format)
+        carried, summarized = await _carried(plan, messages)
+        usage = usage + summarized  # compacting the context may have asked a model for a summary
+        yield Spent(usage)
+        spend.add(summarized)
+        request = ModelRequest(instructions, carried, specs, response_format)
         spend.before(request)
         async for event in _stream_step(plan, request, step):
             yield event
@@ -288,7 +303,7 @@ async def _resume(plan: TurnPlan, guards: _Guards, messages: list[Message]) -> A
             messages.append(answer)
             yield Append(answer)
         else:
-            yield Done(answer[0], "end_turn", Usage(), answer[1])
+            yield Done(answer[0], "end_turn", plan.used, answer[1])
         return
     after = plan.resumed[plan.resumed.index(reply) + 1:]
     answered = {m.tool_call_id for m in after if isinstance(m, ToolResultMessage)}

@@ -136,6 +136,11 @@ class ActiveTurn:
         self.done.set()
         self.attention.set()
 
+    def abandon(self) -> None:
+        """It never began (its first write failed): nothing of it is stored; whoever waits wakes."""
+        self.done.set()
+        self.attention.set()
+
     def begin(self, started_seq: int) -> None:
         self.started_seq = started_seq
         self.messages = []

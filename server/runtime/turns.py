@@ -29,7 +29,7 @@ from anyio.abc import TaskGroup
 
 from ..compiler.definitions import Closure
 from ..errors import CorralError, LeaseLost, StorageError
-from ..messages import Message, UserMessage, repair_history
+from ..messages import Message, Usage, UserMessage, repair_history
 from ..store.base import ConversationRecord, EventRecord, TurnRecord
 from ..tools.base import ToolContext
 from .budgets import Spending
@@ -158,7 +158,9 @@ class TurnRunner:
         plan = await self.runtime.plan(closure, past, turn.input, context,
                                        transcript=lambda: (*past, *(active.messages or ())))
         if resumed is not None:
-            plan = replace(plan, resumed=resumed.messages, started=resumed.started, unknown=resumed.unknown)
+            plan = replace(plan, resumed=resumed.messages, started=resumed.started, unknown=resumed.unknown,
+                           used=resumed.usage)
+            active.usage = resumed.usage
         if active.output is not None:  # the request's own schema, for this turn (the OpenAI route's)
             plan = replace(plan, output=active.output)
         if plan.budget is not None and plan.budget.per_conversation is not None:
@@ -201,7 +203,7 @@ class TurnRunner:
             if active.hand_off:  # a checkpoint: a stopping replica hands the turn over here
                 raise HandOff
         elif isinstance(event, Spent):
-            active.usage = event.usage
+            active.usage = journal.usage = event.usage  # committed with the turn's next write
         elif isinstance(event, Done):
             active.settle(Completed(event.output, event.stop_reason, event.usage, event.structured))
 
@@ -284,6 +286,8 @@ class Journal:
         self.events: list[tuple[str, dict[str, Any]]] = []
         self.messages: list[Message] = []
         self.failed: StorageError | LeaseLost | None = None  # a timed flush that could not commit
+        self.usage: Usage | None = None  # the turn's usage so far, once it changed
+        self._written: Usage | None = None  # ... as last committed
         self._timer = False
         self._lock = anyio.Lock()
 
@@ -317,8 +321,11 @@ class Journal:
             events, self.events = self.events, []
             messages, self.messages = self.messages, []
             now = time.time()
+            usage = self.usage if self.usage != self._written else None
             seqs = await self.runner.store.append(self.conversation_id, self.active.id, messages, events, now,
-                                                  fence=self.active.fence)
+                                                  fence=self.active.fence,
+                                                  usage=None if usage is None else usage.to_json())
+            self._written = usage or self._written
             self.runner.publish(self.conversation_id, list(zip(seqs, events, strict=True)), now)
 
 

@@ -269,8 +269,9 @@ class Store(Protocol):
     # ^ create_turn + the conversation "busy" + the event (its `turn.started`); returns the event's seq
     async def append(self, conversation_id: str, turn_id: str, messages: list[Message],
                      events: list[tuple[str, dict[str, Any]]], now: float,
-                     *, fence: int | None = None) -> list[int]: ...
-    # ^ messages to the transcript and events to the log, together; returns the events' seqs
+                     *, fence: int | None = None, usage: dict[str, int] | None = None) -> list[int]: ...
+    # ^ messages to the transcript and events to the log, together; returns the events' seqs. `usage`:
+    # the turn's usage so far, set with them (a resumed turn's budget starts from it)
     async def end_turn(self, turn_id: str, conversation_id: str, changes: dict[str, Any],
                        event: tuple[str, dict[str, Any]], now: float, *, fence: int | None = None) -> int: ...
     # ^ update_turn(changes) + the event (its ending) + the conversation "idle" + release(turn);
@@ -349,8 +350,15 @@ class Store(Protocol):
     # ^ the view and its event (`context.compacted`) in one transaction, fenced as `append` is (by
     # `turn_id`, the holder: a turn, or a compaction of its own); returns the event's seq
     async def get_context_view(self, conversation_id: str) -> ContextView | None: ...  # the latest
-    async def add_steer(self, conversation_id: str, turn_id: str, content: str, now: float) -> int: ...
-    # ^ a message for the running turn `turn_id` to pick up; returns its id
+    async def add_steer(self, conversation_id: str, turn_id: str, content: str, now: float,
+                        *, key: str | None = None, request: str | None = None,
+                        since: float = 0.0) -> int | None: ...
+    # ^ a message for the running turn `turn_id` to pick up; returns its id. With an Idempotency-Key
+    # `key` (and the request's digest), the key is recorded with it, one transaction; a key recorded
+    # at or after `since` adds nothing and answers None
+    async def steer_key(self, conversation_id: str, key: str,
+                        since: float) -> tuple[str, str | None] | None: ...
+    # ^ the turn a message was steered into under `key` (recorded at or after `since`), and its request
     async def take_steers(self, conversation_id: str, turn_id: str, now: float,
                           *, fence: int | None = None) -> list[tuple[str, int]]: ...
     # ^ one transaction: the turn's pending messages, oldest first, move into the transcript as user
@@ -358,5 +366,5 @@ class Store(Protocol):
     # `append` is; returns (content, event seq) of each (nothing pending: nothing written)
     async def drop_steers(self, conversation_id: str, turn_id: str,
                           steer_id: int | None = None) -> list[str]: ...
-    # ^ deletes and returns the turn's pending messages (or only `steer_id`), oldest first: what a
-    # turn that ended did not pick up
+    # ^ deletes and returns the turn's pending messages (or only `steer_id`, and its key), oldest
+    # first: what a turn that ended did not pick up

@@ -50,11 +50,35 @@ class ContextTables(PostgresBase):
                                    " ORDER BY number DESC LIMIT 1", conversation_id)
         return None if row is None else ContextView(**dict(row))
 
-    async def add_steer(self, conversation_id: str, turn_id: str, content: str, now: float) -> int:
-        rows = await self._write("INSERT INTO steers (conversation_id, turn_id, content, created_at)"
-                                 " VALUES ($1, $2, $3, $4) RETURNING id",
-                                 conversation_id, turn_id, content, now)
-        return rows[0]["id"]
+    async def add_steer(self, conversation_id: str, turn_id: str, content: str, now: float,
+                        *, key: str | None = None, request: str | None = None,
+                        since: float = 0.0) -> int | None:
+        if key is None:
+            rows = await self._write("INSERT INTO steers (conversation_id, turn_id, content, created_at)"
+                                     " VALUES ($1, $2, $3, $4) RETURNING id",
+                                     conversation_id, turn_id, content, now)
+            return rows[0]["id"]
+        async with self._transaction() as tx:
+            await tx.execute("DELETE FROM steer_keys WHERE conversation_id = $1 AND key = $2"
+                             " AND created_at < $3", conversation_id, key, since)
+            recorded = await tx.fetch("INSERT INTO steer_keys (conversation_id, key, request_digest, turn_id,"
+                                      " created_at) VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING"
+                                      " RETURNING key", conversation_id, key, request, turn_id, now)
+            if not recorded:
+                return None  # a message was steered under this key already
+            row = await tx.fetchrow("INSERT INTO steers (conversation_id, turn_id, content, created_at)"
+                                    " VALUES ($1, $2, $3, $4) RETURNING id",
+                                    conversation_id, turn_id, content, now)
+            assert row is not None
+            steer_id = row["id"]
+            await tx.execute("UPDATE steer_keys SET steer_id = $3 WHERE conversation_id = $1 AND key = $2",
+                             conversation_id, key, steer_id)
+        return steer_id
+
+    async def steer_key(self, conversation_id: str, key: str, since: float) -> tuple[str, str | None] | None:
+        row = await self._read_row("SELECT turn_id, request_digest FROM steer_keys WHERE conversation_id = $1"
+                                   " AND key = $2 AND created_at >= $3", conversation_id, key, since)
+        return None if row is None else (row["turn_id"], row["request_digest"])
 
     async def take_steers(self, conversation_id: str, turn_id: str, now: float,
                           *, fence: int | None = None) -> list[tuple[str, int]]:
@@ -79,7 +103,10 @@ class ContextTables(PostgresBase):
         if steer_id is None:
             rows = await self._write("DELETE FROM steers WHERE conversation_id = $1 AND turn_id = $2"
                                      " RETURNING id, content", conversation_id, turn_id)
-        else:
-            rows = await self._write("DELETE FROM steers WHERE conversation_id = $1 AND turn_id = $2"
-                                     " AND id = $3 RETURNING id, content", conversation_id, turn_id, steer_id)
+        else:  # it goes to a turn of its own, under its key if it has one
+            rows = await self._write("WITH gone AS (DELETE FROM steers WHERE conversation_id = $1"
+                                     " AND turn_id = $2 AND id = $3 RETURNING id, content),"
+                                     " unkeyed AS (DELETE FROM steer_keys"
+                                     " WHERE steer_id IN (SELECT id FROM gone)) SELECT id, content FROM gone",
+                                     conversation_id, turn_id, steer_id)
         return [row["content"] for row in sorted(rows, key=lambda row: row["id"])]

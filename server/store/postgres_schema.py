@@ -192,6 +192,19 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX steers_by_turn ON steers (conversation_id, turn_id, id)",
     ),
+    # 9: the Idempotency-Key a steered message was sent with: a retry answers the same turn and adds
+    # nothing (`steer_id`: the pending message, until a turn picks it up)
+    (
+        """CREATE TABLE steer_keys (
+            conversation_id text NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+            key text NOT NULL,
+            request_digest text,
+            turn_id text NOT NULL,
+            steer_id bigint,
+            created_at double precision NOT NULL,
+            PRIMARY KEY (conversation_id, key)
+        )""",
+    ),
 )
 
 

@@ -44,10 +44,11 @@ def _event_notice(replica: str) -> str:
 _BUSY = notice_sql("status", r="$19::text", c="$2::text", st="'busy'")
 
 
-def _append_sql(fenced: bool) -> str:
+def _append_sql(fenced: bool, usage: bool = False) -> str:
     """$1 conversation, $2 turn, $3 message bodies, $4 event names, $5 event data, $6 now, $7 replica;
     `fenced`: $8 the fence, and nothing is written unless ($2, $7, $8) holds the conversation, which
-    the first row's `held` says (one row at least, its `seq` NULL when there are no events)."""
+    the first row's `held` says (one row at least, its `seq` NULL when there are no events); `usage`:
+    the next parameter is the turn's usage so far, set with them."""
     guard = " AND holder_turn = $2 AND holder_replica = $7 AND fence = $8" if fenced else ""
     # unfenced, a conversation that does not exist fails on the foreign key (numbers from 1), as in
     # SQLite; fenced, the counter's row is the guard: no row, no rows to insert
@@ -71,6 +72,7 @@ def _append_sql(fenced: bool) -> str:
         " transcript AS (INSERT INTO messages (conversation_id, seq, turn_id, body, created_at)"
         f" SELECT $1, {first_message} + m.n, $2, m.body, $6"
         f" {source}unnest($3::text[]) WITH ORDINALITY AS m (body, n)),"
+        f"{_usage_sql(9 if fenced else 8) if usage else ''}"
         " stored AS (INSERT INTO events (conversation_id, seq, name, data, created_at)"
         f" SELECT $1, {first_event} + e.n, e.name, e.data, $6"
         f" {source}unnest($4::text[], $5::text[]) WITH ORDINALITY AS e (name, data, n)"
@@ -79,8 +81,14 @@ def _append_sql(fenced: bool) -> str:
     )
 
 
+def _usage_sql(n: int) -> str:
+    return f" used AS (UPDATE turns SET usage = ${n}::text WHERE id = $2 AND EXISTS (SELECT FROM counter)),"
+
+
 _APPEND = _append_sql(False)
 _APPEND_FENCED = _append_sql(True)
+_APPEND_USED = _append_sql(False, usage=True)
+_APPEND_FENCED_USED = _append_sql(True, usage=True)
 
 # the turn ($1-$15), then $16 its event's name, $17 its data, $18 now, $19 replica
 _BEGIN_TURN = (
@@ -231,15 +239,19 @@ class TurnTables(PostgresBase):
 
     async def append(self, conversation_id: str, turn_id: str, messages: list[Message],
                      events: list[tuple[str, dict[str, Any]]], now: float,
-                     *, fence: int | None = None) -> list[int]:
-        """Messages and events together, numbered, with the events' notices: one statement (fenced too)."""
+                     *, fence: int | None = None, usage: dict[str, int] | None = None) -> list[int]:
+        """Messages and events together, numbered, with the events' notices (and the turn's usage):
+        one statement (fenced too)."""
         if not messages and not events:
             return []
         args = (conversation_id, turn_id, [dumps(m.to_json()) for m in messages],
                 [name for name, _ in events], [dumps(data) for _, data in events], now, self.replica)
+        used = () if usage is None else (dumps(usage),)
         if fence is None:
-            return [row["seq"] for row in await self._write(_APPEND, *args)]
-        rows = await self._write(_APPEND_FENCED, *args, fence)
+            return [row["seq"] for row in await self._write(_APPEND if usage is None else _APPEND_USED,
+                                                            *args, *used)]
+        fenced = _APPEND_FENCED if usage is None else _APPEND_FENCED_USED
+        rows = await self._write(fenced, *args, fence, *used)
         if not rows[0]["held"]:
             raise lease_lost(turn_id, conversation_id, fence)
         return [row["seq"] for row in rows if row["seq"] is not None]

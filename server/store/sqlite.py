@@ -345,12 +345,14 @@ class SQLiteStore(DeploymentTables, AuditTables, CoordinationTables, ContextTabl
 
     async def append(self, conversation_id: str, turn_id: str, messages: list[Message],
                      events: list[tuple[str, dict[str, Any]]], now: float,
-                     *, fence: int | None = None) -> list[int]:
+                     *, fence: int | None = None, usage: dict[str, int] | None = None) -> list[int]:
         if not messages and not events:
             return []
         with self._write() as db:
             if fence is not None:
                 check_fence(db, conversation_id, turn_id, fence, self.replica)
+            if usage is not None:
+                db.execute("UPDATE turns SET usage = ? WHERE id = ?", (_dumps(usage), turn_id))
             if messages:
                 _insert_messages(db, conversation_id, turn_id, messages, now)
             return _insert_events(db, conversation_id, events, now) if events else []

@@ -47,12 +47,29 @@ class ContextTables:
             (conversation_id,)).fetchone()
         return None if row is None else ContextView(**dict(row))
 
-    async def add_steer(self, conversation_id: str, turn_id: str, content: str, now: float) -> int:
+    async def add_steer(self, conversation_id: str, turn_id: str, content: str, now: float,
+                        *, key: str | None = None, request: str | None = None,
+                        since: float = 0.0) -> int | None:
         with self._write() as db:
+            if key is not None:
+                db.execute("DELETE FROM steer_keys WHERE conversation_id = ? AND key = ? AND created_at < ?",
+                           (conversation_id, key, since))
+                if db.execute("INSERT INTO steer_keys (conversation_id, key, request_digest, turn_id,"
+                              " created_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                              (conversation_id, key, request, turn_id, now)).rowcount == 0:
+                    return None  # a message was steered under this key already
             cursor = db.execute("INSERT INTO steers (conversation_id, turn_id, content, created_at)"
                                 " VALUES (?, ?, ?, ?)", (conversation_id, turn_id, content, now))
             assert cursor.lastrowid is not None
+            if key is not None:
+                db.execute("UPDATE steer_keys SET steer_id = ? WHERE conversation_id = ? AND key = ?",
+                           (cursor.lastrowid, conversation_id, key))
             return cursor.lastrowid
+
+    async def steer_key(self, conversation_id: str, key: str, since: float) -> tuple[str, str | None] | None:
+        row = self._db.execute("SELECT turn_id, request_digest FROM steer_keys WHERE conversation_id = ?"
+                               " AND key = ? AND created_at >= ?", (conversation_id, key, since)).fetchone()
+        return None if row is None else (row[0], row[1])
 
     async def take_steers(self, conversation_id: str, turn_id: str, now: float,
                           *, fence: int | None = None) -> list[tuple[str, int]]:
@@ -82,4 +99,7 @@ class ContextTables:
         with self._write() as db:
             rows = db.execute(f"DELETE FROM steers WHERE conversation_id = ? AND turn_id = ?{only}"
                               " RETURNING id, content", params).fetchall()
-        return [content for _, content in sorted(rows)]
+            if steer_id is not None and rows:  # it goes to a turn of its own, under its key if it has one
+                db.execute("DELETE FROM steer_keys WHERE steer_id = ?", (steer_id,))
+        # by id: rows are `sqlite3.Row`s, which do not compare with each other
+        return [row[1] for row in sorted(rows, key=lambda row: row[0])]
