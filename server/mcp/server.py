@@ -33,7 +33,6 @@ from typing import Any
 import anyio
 import mcp.types as types
 import yaml
-from jsonschema import Draft202012Validator
 from mcp.server import NotificationOptions, Server, ServerRequestContext
 from mcp.server.subscriptions import (
     InMemorySubscriptionBus,
@@ -47,6 +46,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from .. import __version__
 from ..canonical import thaw
+from ..compiler import schemas
 from ..compiler.definitions import PATH_KINDS, AgentDefinition, SkillDefinition
 from ..deployment.reports import SwapReport
 from ..errors import TOOL_RESULT, CorralError, envelope, forms
@@ -77,7 +77,7 @@ OUTPUT_SCHEMA = {
                                "window, used, source, threshold, compactions (GET …/context)."}},
     "required": ["conversation_id", "turn_id", "digest"],
 }
-_validator = Draft202012Validator(INPUT_SCHEMA)
+_validator = schemas.validator(INPUT_SCHEMA)
 _LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "notice": logging.INFO,
                "warning": logging.WARNING, "error": logging.ERROR, "critical": logging.CRITICAL,
                "alert": logging.CRITICAL, "emergency": logging.CRITICAL}
