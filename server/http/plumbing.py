@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
@@ -20,6 +21,11 @@ from ..logs import request_id
 log = logging.getLogger("corral.http")
 Body = TypeVar("Body", bound=BaseModel)
 MAX_JSON_DEPTH = 64
+# A lone surrogate arrives as a `\uD800`-`\uDFFF` escape, or as raw bytes (json decodes a body with
+# "surrogatepass"): an ASCII body without such an escape has none and is not walked. The parser joins
+# a pair of escapes into one character, so a surrogate left in a parsed string is a lone one.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 STARLETTE_CODES = {404: "not_found", 405: "method_not_allowed"}  # the HTTPExceptions its router raises
 
 
@@ -65,6 +71,8 @@ async def read_json(request: Request, model: type[Body]) -> Body:
         raise RequestError("body must be a JSON object")
     if _deeper_than(data, MAX_JSON_DEPTH):  # parsed, it would still overflow whatever recurses on it later
         raise RequestError(f"body is nested more than {MAX_JSON_DEPTH} levels deep")
+    if (not raw.isascii() or _SURROGATE_ESCAPE.search(raw)) and _has_lone_surrogate(data):
+        raise RequestError("body has a lone surrogate (U+D800 to U+DFFF, not part of a pair)")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -81,6 +89,19 @@ def _deeper_than(data: Any, limit: int) -> bool:
         if not level:
             return False
     return any(isinstance(node, (dict, list)) for node in level)
+
+
+def _has_lone_surrogate(data: Any) -> bool:
+    """Whether a string or key anywhere in `data` holds a lone surrogate; level by level."""
+    level = [data]
+    while level:
+        strings = [node for node in level if isinstance(node, str)]
+        strings += [key for node in level if isinstance(node, dict) for key in node]
+        if any(_SURROGATE.search(text) for text in strings):
+            return True
+        level = [child for node in level if isinstance(node, (dict, list))
+                 for child in (node.values() if isinstance(node, dict) else node)]
+    return False
 
 
 def page_params(request: Request, default: int = 50) -> tuple[int, str | None]:
