@@ -120,6 +120,24 @@ async def test_a_surrogate_pair_is_one_character(client: httpx.AsyncClient, fake
     assert fakes.openai.requests[0].body["messages"][-1]["content"] == "\U0001f600?"
 
 
+async def test_a_lone_surrogate_in_an_mcp_tool_call_is_invalid(client: httpx.AsyncClient,
+                                                               fakes: Fakes) -> None:
+    # MCP's 2026 transport parses the body with json.loads, which keeps a lone surrogate
+    headers = JSON | {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2026-07-28",
+                      "Mcp-Method": "tools/call", "Mcp-Name": "plain"}
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+            "io.modelcontextprotocol/clientCapabilities": {}}
+    body = json.dumps({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                       "params": {"name": "plain", "arguments": {"message": "hi @"}, "_meta": meta}})
+    with anyio.fail_after(20):
+        response = await client.post("/mcp", headers=headers, content=body.replace("@", "\\ud800"))
+    assert response.status_code == 200, response.text
+    result = response.json()["result"]
+    assert result["isError"] is True and result["content"][0]["text"].startswith("[invalid_request]"), result
+    assert fakes.openai.requests == []
+
+
 # --- lone surrogates from the model ----------------------------------------------------------------
 
 

@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from ..clock import iso  # noqa: F401  (re-exported for the routes)
 from ..errors import CorralError, RequestError, envelope, forms
 from ..logs import request_id
+from ..providers.wellformed import has_lone_surrogate
 
 log = logging.getLogger("corral.http")
 Body = TypeVar("Body", bound=BaseModel)
@@ -25,7 +26,6 @@ MAX_JSON_DEPTH = 64
 # "surrogatepass"): an ASCII body without such an escape has none and is not walked. The parser joins
 # a pair of escapes into one character, so a surrogate left in a parsed string is a lone one.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-_SURROGATE = re.compile("[\ud800-\udfff]")
 STARLETTE_CODES = {404: "not_found", 405: "method_not_allowed"}  # the HTTPExceptions its router raises
 
 
@@ -71,7 +71,7 @@ async def read_json(request: Request, model: type[Body]) -> Body:
         raise RequestError("body must be a JSON object")
     if _deeper_than(data, MAX_JSON_DEPTH):  # parsed, it would still overflow whatever recurses on it later
         raise RequestError(f"body is nested more than {MAX_JSON_DEPTH} levels deep")
-    if (not raw.isascii() or _SURROGATE_ESCAPE.search(raw)) and _has_lone_surrogate(data):
+    if (not raw.isascii() or _SURROGATE_ESCAPE.search(raw)) and has_lone_surrogate(data):
         raise RequestError("body has a lone surrogate (U+D800 to U+DFFF, not part of a pair)")
     try:
         return model.model_validate(data)
@@ -89,19 +89,6 @@ def _deeper_than(data: Any, limit: int) -> bool:
         if not level:
             return False
     return any(isinstance(node, (dict, list)) for node in level)
-
-
-def _has_lone_surrogate(data: Any) -> bool:
-    """Whether a string or key anywhere in `data` holds a lone surrogate; level by level."""
-    level = [data]
-    while level:
-        strings = [node for node in level if isinstance(node, str)]
-        strings += [key for node in level if isinstance(node, dict) for key in node]
-        if any(_SURROGATE.search(text) for text in strings):
-            return True
-        level = [child for node in level if isinstance(node, (dict, list))
-                 for child in (node.values() if isinstance(node, dict) else node)]
-    return False
 
 
 def page_params(request: Request, default: int = 50) -> tuple[int, str | None]:

@@ -50,6 +50,7 @@ from ..compiler import schemas
 from ..compiler.definitions import PATH_KINDS, AgentDefinition, SkillDefinition
 from ..deployment.reports import SwapReport
 from ..errors import TOOL_RESULT, CorralError, envelope, forms
+from ..providers.wellformed import has_lone_surrogate
 from ..runtime.conversations import Steered
 from ..runtime.structured import MISSING
 from ..runtime.turn import ActiveTurn
@@ -159,6 +160,8 @@ class AgentsMCP:
         pinned = isinstance(arguments.get("agent"), str)  # a removed agent stays callable by its pin
         if self.service.registry.current.get("Agent", params.name) is None and not pinned:
             raise _protocol_error("not_found", f"Unknown tool: {params.name}")
+        if has_lone_surrogate(arguments):  # the modern transport's json.loads lets one through
+            return _tool_error("invalid_request", "the arguments hold a lone surrogate (U+D800 to U+DFFF)")
         problems = list(_validator.iter_errors(arguments))
         if problems:
             return _tool_error("invalid_request", "; ".join(p.message for p in problems[:3]))

@@ -37,6 +37,20 @@ def well_formed(text: str) -> str:
     return _SURROGATES.sub(REPLACEMENT, _PAIR.sub(_join, text))
 
 
+def has_lone_surrogate(data: Any) -> bool:
+    """Whether a string or key anywhere in parsed JSON `data` holds a surrogate (one a JSON parser
+    left unpaired); level by level, so nothing recurses."""
+    level = [data]
+    while level:
+        strings = [node for node in level if isinstance(node, str)]
+        strings += [key for node in level if isinstance(node, dict) for key in node]
+        if any(_SURROGATES.search(text) for text in strings):
+            return True
+        level = [child for node in level if isinstance(node, (dict, list))
+                 for child in (node.values() if isinstance(node, dict) else node)]
+    return False
+
+
 def _scrubbed(value: Any) -> Any:
     if isinstance(value, str):
         return well_formed(value)
