@@ -81,17 +81,24 @@ def check_schema(schema: Any) -> None:
     check_meta(schema)
     if not isinstance(schema, dict):
         return
-    root = LOCAL.resolver_with_root(DRAFT202012.create_resource(schema))
-    for path, node, resolver in _subschemas(schema, (), root):
-        _check_refs(path, node, resolver)
+    referring = False
+    for path, node, _ in _subschemas(schema, (), None):
         _check_patterns(path, node)
+        referring = referring or "$ref" in node or "$dynamicRef" in node
+    if referring:  # resolvers cost: only for a schema with references (walked again, with its `$id`s)
+        root = LOCAL.resolver_with_root(DRAFT202012.create_resource(schema))
+        for path, node, resolver in _subschemas(schema, (), root):
+            _check_refs(path, node, resolver)
 
 
-def _subschemas(node: Any, path: Path, resolver: Resolver) -> Iterator[tuple[Path, dict, Resolver]]:
-    """Every subschema with its path and the resolver of its base URI (`$id`s taken into account)."""
+def _subschemas(node: Any, path: Path,
+                resolver: Resolver | None) -> Iterator[tuple[Path, dict, Resolver | None]]:
+    """Every subschema with its path and, given a root resolver, the resolver of its base URI
+    (`$id`s taken into account)."""
     if not isinstance(node, dict):
         return
-    resolver = resolver.in_subresource(DRAFT202012.create_resource(node))
+    if resolver is not None:
+        resolver = resolver.in_subresource(DRAFT202012.create_resource(node))
     yield path, node, resolver
     for key in _ONE:
         if key in node:
@@ -105,7 +112,8 @@ def _subschemas(node: Any, path: Path, resolver: Resolver) -> Iterator[tuple[Pat
             yield from _subschemas(sub, (*path, key, name), resolver)
 
 
-def _check_refs(path: Path, node: dict, resolver: Resolver) -> None:
+def _check_refs(path: Path, node: dict, resolver: Resolver | None) -> None:
+    assert resolver is not None
     for key in ("$ref", "$dynamicRef"):
         ref = node.get(key)
         if not isinstance(ref, str):
