@@ -16,7 +16,7 @@ from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from . import templates
-from .metaschema import check_schema
+from .schemas import check_schema
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]

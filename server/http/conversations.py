@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -15,12 +16,24 @@ from ..runtime.steering import Steered
 from ..store.base import ConversationRecord, EventRecord, TurnRecord
 from .plumbing import KEEP_ALIVE, iso, page, page_params, read_json, sse_frame, sse_response
 
+MAX_METADATA_BYTES = 16 * 1024  # §10: metadata is at most 16 KiB as (compact, UTF-8) JSON
+
+
+def _small(metadata: dict[str, Any]) -> dict[str, Any]:
+    size = len(json.dumps(metadata, ensure_ascii=False, separators=(",", ":")).encode())
+    if size > MAX_METADATA_BYTES:
+        raise ValueError(f"metadata is {size} bytes as JSON; at most {MAX_METADATA_BYTES} are kept")
+    return metadata
+
+
+Metadata = Annotated[dict[str, Any], AfterValidator(_small)]
+
 
 class CreateConversation(BaseModel):
     model_config = ConfigDict(extra="forbid")
     agent: str = Field(min_length=1, max_length=200)
     title: str | None = Field(default=None, max_length=500)
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: Metadata = Field(default_factory=dict)
 
 
 class UpdateConversation(BaseModel):
@@ -28,7 +41,7 @@ class UpdateConversation(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     title: str | None = Field(default=None, max_length=500)
-    metadata: dict[str, Any] = Field(default_factory=dict)  # replaces the metadata whole
+    metadata: Metadata = Field(default_factory=dict)  # replaces the metadata whole
     archived: StrictBool = False
 
 

@@ -104,7 +104,7 @@ DOCS: dict[Callable[..., Any] | type, Doc] = {
     conversations.list_turns: Doc("The turns", CURSORS, query=PAGE),
     conversations.conversation_events: Doc("The conversation's events (Last-Event-ID resumes)", CURSORS,
                                            query=(("after", "integer"),), media=SSE),
-    conversations.interrupt: Doc("Cancel the running turn", IN_CONVERSATION),
+    conversations.interrupt: Doc("Cancel the running turn", (*IN_CONVERSATION, "overloaded")),
     conversations.get_context: Doc("What the next model request will carry: window, used (tokens), source "
                                    "(actual or estimated), threshold, compactions", (*REF, *IN_CONVERSATION)),
     conversations.compact: Doc("Compact the conversation's context now (a summary, or old tool results cut)",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
@@ -16,10 +17,15 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from ..clock import iso  # noqa: F401  (re-exported for the routes)
 from ..errors import CorralError, RequestError, envelope, forms
 from ..logs import request_id
+from ..providers.wellformed import has_lone_surrogate
 
 log = logging.getLogger("corral.http")
 Body = TypeVar("Body", bound=BaseModel)
 MAX_JSON_DEPTH = 64
+# A lone surrogate arrives as a `\uD800`-`\uDFFF` escape, or as raw bytes (json decodes a body with
+# "surrogatepass"): an ASCII body without such an escape has none and is not walked. The parser joins
+# a pair of escapes into one character, so a surrogate left in a parsed string is a lone one.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 STARLETTE_CODES = {404: "not_found", 405: "method_not_allowed"}  # the HTTPExceptions its router raises
 
 
@@ -65,6 +71,8 @@ async def read_json(request: Request, model: type[Body]) -> Body:
         raise RequestError("body must be a JSON object")
     if _deeper_than(data, MAX_JSON_DEPTH):  # parsed, it would still overflow whatever recurses on it later
         raise RequestError(f"body is nested more than {MAX_JSON_DEPTH} levels deep")
+    if (not raw.isascii() or _SURROGATE_ESCAPE.search(raw)) and has_lone_surrogate(data):
+        raise RequestError("body has a lone surrogate (U+D800 to U+DFFF, not part of a pair)")
     try:
         return model.model_validate(data)
     except ValidationError as exc:

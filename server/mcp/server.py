@@ -33,7 +33,6 @@ from typing import Any
 import anyio
 import mcp.types as types
 import yaml
-from jsonschema import Draft202012Validator
 from mcp.server import NotificationOptions, Server, ServerRequestContext
 from mcp.server.subscriptions import (
     InMemorySubscriptionBus,
@@ -47,9 +46,11 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from .. import __version__
 from ..canonical import thaw
+from ..compiler import schemas
 from ..compiler.definitions import PATH_KINDS, AgentDefinition, SkillDefinition
 from ..deployment.reports import SwapReport
 from ..errors import TOOL_RESULT, CorralError, envelope, forms
+from ..providers.wellformed import has_lone_surrogate
 from ..runtime.steering import Steered
 from ..runtime.structured import MISSING
 from ..runtime.turn import ActiveTurn
@@ -77,7 +78,7 @@ OUTPUT_SCHEMA = {
                                "window, used, source, threshold, compactions (GET …/context)."}},
     "required": ["conversation_id", "turn_id", "digest"],
 }
-_validator = Draft202012Validator(INPUT_SCHEMA)
+_validator = schemas.validator(INPUT_SCHEMA)
 _LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "notice": logging.INFO,
                "warning": logging.WARNING, "error": logging.ERROR, "critical": logging.CRITICAL,
                "alert": logging.CRITICAL, "emergency": logging.CRITICAL}
@@ -159,6 +160,8 @@ class AgentsMCP:
         pinned = isinstance(arguments.get("agent"), str)  # a removed agent stays callable by its pin
         if self.service.registry.current.get("Agent", params.name) is None and not pinned:
             raise _protocol_error("not_found", f"Unknown tool: {params.name}")
+        if has_lone_surrogate(arguments):  # the modern transport's json.loads lets one through
+            return _tool_error("invalid_request", "the arguments hold a lone surrogate (U+D800 to U+DFFF)")
         problems = list(_validator.iter_errors(arguments))
         if problems:
             return _tool_error("invalid_request", "; ".join(p.message for p in problems[:3]))

@@ -52,6 +52,7 @@ from .structured import MISSING, OutputSchema
 from .structured import stored as stored_structured
 from .turn import ActiveTurn, Failed, TurnResult
 from .turns import TurnRunner
+from .waits import waited
 
 log = logging.getLogger("corral.conversations")
 
@@ -336,14 +337,14 @@ class Conversations:
         turn = self.admission.running(conversation_id)
         if turn is not None:
             turn.cancel()
-            with anyio.fail_after(10):
+            with waited(10, f"turn {turn.id} was told to stop but has not ended", turn_id=turn.id):
                 await turn.done.wait()
             return turn.id
         holder = await self.admission.holder(conversation_id)
         if holder is None:
             return None
         await self.admission.cancel(holder)
-        with anyio.fail_after(10):
+        with waited(10, f"turn {holder.turn_id} was told to stop but has not ended", turn_id=holder.turn_id):
             await self.elsewhere.ended(conversation_id, holder.turn_id)
         return holder.turn_id
 

@@ -23,6 +23,7 @@ from ..store.base import Store, TurnRecord
 from .admission import Admission
 from .streams import EventStreams
 from .turn import ENDED_STATUSES, ActiveTurn
+from .waits import waited
 
 T = TypeVar("T")
 
@@ -55,7 +56,8 @@ class TurnsElsewhere:
         async def started() -> TurnRecord | None:
             return await self.store.get_turn(turn_id)
 
-        with anyio.fail_after(60):
+        with waited(60, f"turn {turn_id}, started by another request with this key, has not begun",
+                    turn_id=turn_id):
             record = await self._when(conversation_id, started)
         if record.status in ENDED_STATUSES:
             return await stored(record)

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from jsonschema import Draft202012Validator
 
 from ..canonical import canonical_json, thaw
+from ..compiler import schemas
 from ..errors import RunError, ToolError
 from ..messages import AssistantMessage, Message, ToolCall, ToolResultMessage, Usage, UserMessage
 from ..providers.base import Finish, ModelPort, ModelRequest, TextDelta, ToolCallChunk, UsageChunk
@@ -343,9 +344,9 @@ async def _call_tool(plan: TurnPlan, guards: _Guards, call: ToolCall) -> ToolOut
         return guards.repair(f"arguments for {call.name} must be a JSON object")
     validator = plan.validators.get(call.name)
     if validator is None:
-        validator = plan.validators[call.name] = Draft202012Validator(thaw(tool.spec.input_schema))
+        validator = plan.validators[call.name] = schemas.validator(thaw(tool.spec.input_schema))
     arguments = thaw(call.arguments)
-    problems = sorted(validator.iter_errors(arguments), key=lambda e: list(e.path))
+    problems = schemas.problems(validator, arguments)
     if problems:
         detail = "; ".join(f"{'/'.join(map(str, e.path)) or '(input)'}: {e.message}" for e in problems[:5])
         return guards.repair(f"invalid input for {call.name}: {detail}")

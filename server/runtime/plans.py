@@ -38,6 +38,7 @@ from ..metrics import Metrics
 from ..providers.base import ModelPort
 from ..providers.counted import CountedModel
 from ..providers.scripted import ScriptedProvider
+from ..providers.wellformed import WellFormedModel
 from ..tools.base import ToolContext, ToolPort
 from ..tools.confinement import Secrets
 from ..tools.skills import ActivateSkill, ReadSkillResource, skills_prompt
@@ -81,6 +82,10 @@ class Runtime:
     # --- models --------------------------------------------------------------
 
     def provider(self, model: ModelDefinition) -> ModelPort:
+        # Outermost: a surrogate pair split across chunks is rejoined within one attempt's stream.
+        return WellFormedModel(self._provider(model))
+
+    def _provider(self, model: ModelDefinition) -> ModelPort:
         if model.provider == "scripted":
             return self._counted(ScriptedProvider(model))
         from ..providers.resilience import RetryingModel

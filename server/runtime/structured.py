@@ -23,6 +23,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from ..canonical import thaw
+from ..compiler import schemas
 from ..compiler.definitions import AgentDefinition
 from ..errors import RunError
 
@@ -51,7 +52,7 @@ class OutputSchema:
     _validator: Draft202012Validator = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_validator", Draft202012Validator(thaw(self.schema)))
+        object.__setattr__(self, "_validator", schemas.validator(thaw(self.schema)))
 
     @classmethod
     def of_agent(cls, agent: AgentDefinition) -> OutputSchema | None:
@@ -83,7 +84,7 @@ class OutputSchema:
             value = json.loads(text)
         except ValueError as exc:
             raise OutputProblem(f"it is not JSON ({exc})") from None
-        problems = sorted(self._validator.iter_errors(value), key=lambda e: list(e.path))
+        problems = schemas.problems(self._validator, value)
         if problems:
             raise OutputProblem("it does not satisfy the schema: " + "; ".join(
                 f"{'/'.join(map(str, e.path)) or '(root)'}: {e.message}" for e in problems[:5]))
