@@ -52,7 +52,7 @@ from .structured import MISSING, OutputSchema
 from .structured import stored as stored_structured
 from .turn import ActiveTurn, Failed, TurnResult
 from .turns import TurnRunner
-from .waits import waited
+from .bounds import waited
 
 log = logging.getLogger("corral.conversations")
 

@@ -23,7 +23,7 @@ from ..store.base import Store, TurnRecord
 from .admission import Admission
 from .streams import EventStreams
 from .turn import ENDED_STATUSES, ActiveTurn
-from .waits import waited
+from .bounds import waited
 
 T = TypeVar("T")
 
