@@ -331,21 +331,36 @@ async def test_concurrent_sends_through_two_replicas_run_one_reject_one(trio, tm
 
 
 async def test_a_permission_decided_on_another_replica_lets_the_turn_go_on(trio) -> None:
-    """The call waits on a; the request is seen on c and answered on b; c's `/v1/events` follows a's
-    conversation through waiting and back."""
+    """The call waits on a, whose answer (not streamed) is 202 at once; a retry of it on c answers the
+    same; the request is seen on c and answered on b; c's `/v1/events` follows a's conversation through
+    waiting and back; a read of the turn held on c (`?wait=S`) ends with the turn on a."""
     a, b, c = trio
     conversation = await Conversation.create(a, "asker")
+    held: dict[str, Any] = {}
+
+    async def read_when_ended(turn_id: str) -> None:
+        reply = await c.get(f"{conversation.path}/turns/{turn_id}", params={"wait": 60})
+        assert reply.status_code == 200, reply.text
+        held.update(reply.json())
+
     with anyio.fail_after(30):
-        async with server_events(c) as feed, anyio.create_task_group() as tg:
-            tg.start_soon(conversation.send, "ask now")
+        async with server_events(c) as feed:
+            first = await conversation.send("ask now", key="k-ask")
+            assert first.status_code == 202, first.text
+            retry = await conversation.through(c).send("ask now", key="k-ask")  # the turn runs on a
+            assert retry.status_code == 202 and retry.json() == first.json(), retry.text
             asked = (await conversation.through(c).events(named("permission.requested")))[-1].data
-            decided = await b.post(f"{conversation.path}/permissions/{asked['request_id']}",
-                                   json={"decision": "allow"})
-            assert decided.status_code == 200 and decided.json()["status"] == "allowed", decided.text
+            assert [r["request_id"] for r in first.json()["permission_requests"]] == [asked["request_id"]]
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(read_when_ended, first.json()["turn_id"])
+                decided = await b.post(f"{conversation.path}/permissions/{asked['request_id']}",
+                                       json={"decision": "allow"})
+                assert decided.status_code == 200 and decided.json()["status"] == "allowed", decided.text
             for status in ("busy", "waiting", "idle"):
                 await feed.wait(lambda e, s=status: e.name == "conversation.status"
                                 and e.data == {"conversation_id": conversation.id, "status": s})
-    answer = conversation.replies[0]
+            answer = await conversation.through(b).send("ask now", key="k-ask")
+    assert (held["status"], held["output"]) == ("completed", "guarded said guarded ran"), held
     assert answer.status_code == 200, answer.text
     assert (answer.json()["status"], answer.json()["output"]) == ("completed", "guarded said guarded ran")
 

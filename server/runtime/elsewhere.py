@@ -44,7 +44,7 @@ class TurnsElsewhere:
                 return (None,)
             return None
 
-        (record,) = await self._when(conversation_id, check)
+        (record,) = await self.when(conversation_id, check)
         return record
 
     async def joined(self, conversation_id: str, turn_id: str, tg: TaskGroup,
@@ -56,7 +56,7 @@ class TurnsElsewhere:
             return await self.store.get_turn(turn_id)
 
         with anyio.fail_after(60):
-            record = await self._when(conversation_id, started)
+            record = await self.when(conversation_id, started)
         if record.status in ENDED_STATUSES:
             return await stored(record)
         turn = ActiveTurn(record=record, started_seq=await self.streams.started_seq(conversation_id, turn_id))
@@ -72,9 +72,9 @@ class TurnsElsewhere:
             turn.done.set()
             turn.attention.set()
 
-    async def _when(self, conversation_id: str, check: Callable[[], Awaitable[T | None]]) -> T:
+    async def when(self, conversation_id: str, check: Callable[[], Awaitable[T | None]]) -> T:
         """`check()` once it is not None: re-run on the conversation's news (its events, from any
-        replica), and every second in case a notice was lost."""
+        replica), and every second in case a notice was lost. (Also how `waits` follows a turn.)"""
         while True:
             with self.streams.hub.subscribe(conversation_id) as live:
                 while True:
