@@ -20,7 +20,7 @@ import contextlib
 import re
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -532,6 +532,33 @@ async def test_an_edit_swaps_every_replica_and_each_report_lists_the_busy_turn(c
         assert (conversation.id, turn_id, "edited") in busy, (name, report)
         change = next(x for x in report["changes"] if (x["kind"], x["name"]) == ("Agent", "edited"))
         assert change["change"] == "changed" and change["from"] == held["digest"]
+
+
+async def test_a_mended_rejection_is_announced_as_a_swap_everywhere_and_kept(cluster: Cluster, trio) -> None:
+    """A broken edit rejected by every replica, then undone: each replica's `unchanged` report is kept in
+    the history and reaches every replica's `/v1/events` as `definitions.swapped`, never as a rejection."""
+    a, _, c = trio
+    path = cluster.defs / "edited.yaml"
+    good = path.read_text()
+
+    def reports(status: str) -> Callable[[Event], bool]:
+        return lambda e: e.data.get("status") == status
+
+    with anyio.fail_after(40):
+        async with server_events(c) as feed:
+            write_atomic(path, good.replace("model: m_edited", "model: m_missing"))
+            for replica in ("a", "b", "c"):
+                await feed.wait(lambda e, r=replica: reports("rejected")(e) and e.data.get("replica") == r)
+            write_atomic(path, good)
+            for replica in ("a", "b", "c"):
+                await feed.wait(lambda e, r=replica: reports("unchanged")(e) and e.data.get("replica") == r)
+            history = await swaps(a)
+    named = {(e.name, e.data["status"]) for e in feed.seen if e.name.startswith("definitions.")}
+    assert named == {("definitions.rejected", "rejected"), ("definitions.swapped", "unchanged")}, named
+    latest = {}
+    for report in reversed(history):  # oldest first: the last one seen per replica is its latest
+        latest[report.get("replica")] = report["status"]
+    assert {latest[r] for r in ("a", "b", "c")} == {"unchanged"}, history[:6]
 
 
 async def test_a_reload_or_sighup_on_one_replica_reloads_every_replica(postgres_server: PostgresServer,
