@@ -119,7 +119,8 @@ DOCS: dict[Callable[..., Any] | type, Doc] = {
                             ("invalid_request", "not_found", "conflict", *IN_CONVERSATION),
                             body=permissions.Decision),
     openai_compat.chat_completions: Doc("OpenAI-compatible chat completions",
-                                        (*REF, "overloaded", "cancelled", *TURN_FAILURES),
+                                        (*REF, "overloaded", "cancelled", "permission_required",
+                                         *TURN_FAILURES),
                                         body=openai_compat.ChatRequest),
     # `/mcp` answers MCP's own errors in JSON-RPC (see `mcp.server`); over HTTP, only the guards'.
     StreamableHTTPASGIApp: Doc("MCP over streamable HTTP: JSON-RPC (POST), its stream (GET), session end "
