@@ -63,12 +63,22 @@ async def pending_requests(store: Store, conversation_id: str, turn_id: str) -> 
 async def answer(conversations: Conversations, turn: ActiveTurn) -> TurnResult | Waiting:
     """The turn's result once it ends, or `Waiting` as soon as it waits on a person."""
     follow = _Follow(conversations.store, turn)
-    (waiting,) = await conversations.elsewhere.when(turn.record.conversation_id, follow.check)
+    waiting: Waiting | None = None
+    async with anyio.create_task_group() as tg:
+        if follow.here:  # its end is seen at once, even one the store refused (then no event tells it)
+            tg.start_soon(_cancel_when_done, turn, tg.cancel_scope)
+        (waiting,) = await conversations.elsewhere.when(turn.record.conversation_id, follow.check)
+        tg.cancel_scope.cancel()
     if waiting is not None:
         return waiting
     if not follow.here and not turn.done.is_set():
         await turn.done.wait()  # a turn followed from another replica: its watcher settles it
     return await conversations.result(turn)
+
+
+async def _cancel_when_done(turn: ActiveTurn, scope: anyio.CancelScope) -> None:
+    await turn.done.wait()
+    scope.cancel()
 
 
 class _Follow:
