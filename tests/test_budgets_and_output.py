@@ -214,6 +214,9 @@ async def test_output_repaired_once_then_valid(client: httpx.AsyncClient, fakes:
     # a retry with the same key answers the stored turn, structured value included; nothing is asked
     again = (await conversation.send("what is six times seven", key="k-42")).json()
     assert again["turn_id"] == answer["turn_id"] and again["structured"] == {"answer": 42}
+    read = (await client.get(f"{conversation.path}/turns/{answer['turn_id']}")).json()  # one turn, read
+    assert (read["status"], read["structured"]) == ("completed", {"answer": 42})
+    assert read["output"] == turn["output"]
     assert len(fakes.openai.requests) == 2
 
 
