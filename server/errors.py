@@ -78,7 +78,6 @@ ERRORS: dict[str, Forms] = {
     "invalid_request": Forms(400, TOOL_RESULT, EXIT_USAGE),
     "unauthorized": Forms(401, TOOL_RESULT, EXIT_REFUSED),
     "forbidden": Forms(403, TOOL_RESULT, EXIT_REFUSED),
-    "permission_required": Forms(403, TOOL_RESULT, EXIT_REFUSED),  # MCP: the turn waits on a person
     "not_found": Forms(404, JSONRPC_INVALID_PARAMS, EXIT_USAGE),  # MCP: an unknown tool, resource, prompt
     "agent_not_found": Forms(404, TOOL_RESULT, EXIT_USAGE),
     "digest_not_found": Forms(404, TOOL_RESULT, EXIT_USAGE),
@@ -88,6 +87,8 @@ ERRORS: dict[str, Forms] = {
     "request_timeout": Forms(408, TOOL_RESULT, EXIT_UNAVAILABLE),
     "conversation_busy": Forms(409, TOOL_RESULT, EXIT_UNAVAILABLE),
     "conflict": Forms(409, TOOL_RESULT, EXIT_USAGE),
+    # the turn waits on a person (MCP, the OpenAI route): it goes on once someone answers
+    "permission_required": Forms(409, TOOL_RESULT, EXIT_REFUSED),
     "payload_too_large": Forms(413, TOOL_RESULT, EXIT_USAGE),
     "unsupported_media_type": Forms(415, TOOL_RESULT, EXIT_USAGE),
     "host_not_allowed": Forms(421, TOOL_RESULT, EXIT_REFUSED),
@@ -104,7 +105,8 @@ ERRORS: dict[str, Forms] = {
     "interrupted": Forms(500, TOOL_RESULT, EXIT_UNAVAILABLE),  # the server stopped during the turn
     "model_error": Forms(502, TOOL_RESULT, EXIT_FAILED),
     "tool_error": Forms(502, TOOL_RESULT, EXIT_FAILED),
-    "output_invalid": Forms(502, TOOL_RESULT, EXIT_FAILED),
+    # 422, not 5xx: the model was asked to repair it already, and OpenAI's clients retry a 5xx (a paid turn)
+    "output_invalid": Forms(422, TOOL_RESULT, EXIT_FAILED),
     "loop_detected": Forms(508, TOOL_RESULT, EXIT_FAILED),
     # the server
     "overloaded": Forms(503, TOOL_RESULT, EXIT_UNAVAILABLE),

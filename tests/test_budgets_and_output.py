@@ -258,6 +258,9 @@ async def test_output_repaired_once_then_valid(client: httpx.AsyncClient, fakes:
     # a retry with the same key answers the stored turn, structured value included; nothing is asked
     again = (await conversation.send("what is six times seven", key="k-42")).json()
     assert again["turn_id"] == answer["turn_id"] and again["structured"] == {"answer": 42}
+    read = (await client.get(f"{conversation.path}/turns/{answer['turn_id']}")).json()  # one turn, read
+    assert (read["status"], read["structured"]) == ("completed", {"answer": 42})
+    assert read["output"] == turn["output"]
     assert len(fakes.openai.requests) == 2
 
 
@@ -323,13 +326,30 @@ async def test_openai_route_json_object_and_failure(oai: openai.AsyncOpenAI, fak
         await oai.chat.completions.create(
             model="plain", messages=[{"role": "user", "content": "a place"}],
             response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PLACE}})
-    assert caught.value.status_code == 502
+    assert caught.value.status_code == 422
     assert caught.value.body["code"] == "output_invalid"  # type: ignore[index]
 
     with pytest.raises(openai.BadRequestError):  # not a JSON Schema: refused before any turn
         await oai.chat.completions.create(
             model="plain", messages=[{"role": "user", "content": "a place"}],
             response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": 5}}})
+
+
+async def test_openai_route_output_invalid_is_not_retried_by_openais_client(
+        base_url: str, client: httpx.AsyncClient, fakes: Fakes) -> None:
+    """OpenAI's client retries a 5xx (and 408, 409, 429) twice by default: each retry a new, paid turn.
+    `output_invalid` is a 422 with `x-should-retry: false`, so the one turn that failed is the only one."""
+    fakes.openai.script(*(Reply(text="no") for _ in range(3)))  # one turn: the answer and two repairs
+    async with httpx.AsyncClient(trust_env=False, timeout=20) as http:
+        oai = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="x", http_client=http)  # max_retries 2
+        with pytest.raises(openai.APIStatusError) as caught, anyio.fail_after(30):
+            await oai.chat.completions.create(
+                model="plain", messages=[{"role": "user", "content": "a place"}],
+                response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PLACE}})
+    assert caught.value.status_code == 422, caught.value
+    assert caught.value.body["code"] == "output_invalid"  # type: ignore[index]
+    assert caught.value.response.headers["x-should-retry"] == "false"
+    assert len(fakes.openai.requests) == 3  # a retried request would have asked the model again
 
 
 async def test_openai_route_streams_only_the_valid_answer(oai: openai.AsyncOpenAI, fakes: Fakes) -> None:

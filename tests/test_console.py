@@ -25,7 +25,7 @@ import pytest
 
 from tests.support.browser import Watch, chromium, need_chromium
 from tests.support.servers import REPO, corral_server
-from tests.support.swaps import watcher_live
+from tests.support.swaps import reload, swaps, watcher_live
 from tests.support.trees import agent_digest, line_of, write_atomic, write_tree
 
 pytestmark = pytest.mark.anyio
@@ -235,3 +235,33 @@ async def test_the_page_needs_no_key_and_the_closure_route_reads_old_digests(tmp
         ("Agent", "helper"), ("Model", "scripted"), ("Tool", "clock")]
     assert {d["digest"] for d in members} == set(agent["spec"]["closure"].values())
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "digest_not_found"
+
+
+async def test_a_fresh_load_shows_a_mended_rejection_as_history_not_a_banner(tmp_path: Path) -> None:
+    """A set that failed to compile, then mended back to the set being served (an `unchanged` swap):
+    a page loaded afterwards lists both in the feed and shows no rejected banner (§11)."""
+    need_chromium()
+    from playwright.async_api import expect
+
+    defs = definitions(tmp_path / "defs")
+    good = (defs / "agents.yaml").read_text()
+    with corral_server(defs, tmp_path / "state") as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30, trust_env=False) as client:
+            write_atomic(defs / "agents.yaml", good.replace("model: scripted", "model: missing_model", 1))
+            rejected = await reload(client)
+            write_atomic(defs / "agents.yaml", good)
+            mended = await reload(client)
+            history = await swaps(client)
+        assert (rejected["status"], mended["status"]) == ("rejected", "unchanged"), (rejected, mended)
+        assert [s["id"] for s in history[:2]] == [mended["id"], rejected["id"]]  # the mend is history too
+        async with chromium(tmp_path) as browser:
+            page = await browser.new_page()
+            seen = Watch(page)
+            with anyio.fail_after(45):
+                await page.goto(url + "/console")
+                live = page.get_by_role("complementary", name="Live")
+                # the feed is drawn with the banner: once it lists the rejection, the banner is decided
+                await expect(live.locator("li.swap.s-rejected")).to_contain_text("missing_model")
+                await expect(page.locator("#rejected")).to_be_hidden()
+                await expect(live.locator("li.swap.s-unchanged")).to_be_visible()  # the mend, before it
+    assert seen.errors == [], seen.errors

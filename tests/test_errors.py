@@ -205,6 +205,20 @@ def test_the_document_is_generated_from_the_routes(document: dict) -> None:
     assert send["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/SendMessage")
 
 
+def test_the_document_lists_the_turn_route_and_permission_required(document: dict) -> None:
+    def codes(operation: dict) -> dict[str, set[str]]:
+        return {status: set(r["content"]["application/json"]["schema"]["allOf"][1]["properties"]["error"]
+                            ["properties"]["code"]["enum"])
+                for status, r in operation["responses"].items() if status != "default" and int(status) >= 400}
+
+    turn = document["paths"]["/v1/conversations/{id}/turns/{turn_id}"]["get"]
+    assert {p["name"] for p in turn["parameters"]} == {"id", "turn_id", "wait"}
+    assert {"turn_not_found", "conversation_not_found"} <= codes(turn)["404"]
+    assert "invalid_request" in codes(turn)["400"]
+    chat = codes(document["paths"]["/v1/chat/completions"]["post"])
+    assert "permission_required" in chat["409"] and "output_invalid" in chat["422"]
+
+
 # --- the surfaces render from the table --------------------------------------------------------
 
 

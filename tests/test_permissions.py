@@ -14,13 +14,13 @@ import shutil
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx
 import mcp.types as types
+import openai
 import pytest
 from mcp import Client
 
@@ -120,17 +120,24 @@ async def audit(client: httpx.AsyncClient, conversation_id: str) -> list[dict[st
 
 async def answered(conversation: Conversation, content: str, decision: str,
                    **fields: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Send `content`, answer the permission request it makes; the request and the turn's answer."""
-    client, sent = conversation.client, len(conversation.replies)
+    """Send `content` (not streamed: answered 202 at once), answer the permission request it makes; the
+    request and the turn's result, read with `GET …/turns/{turn_id}?wait=S`."""
+    client = conversation.client
     with anyio.fail_after(20):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(partial(conversation.send, content, **fields))
-            request = await asked(client, conversation.id)
-            decided = await decide(client, conversation.id, request["request_id"], decision)
-            assert decided.status_code == 200, decided.text
-    [reply] = conversation.replies[sent:]
+        reply = await conversation.send(content, **fields)
+        assert reply.status_code == 202, reply.text
+        request = await asked(client, conversation.id)
+        decided = await decide(client, conversation.id, request["request_id"], decision)
+        assert decided.status_code == 200, decided.text
+        return request, await turn_of(client, conversation.id, reply.json()["turn_id"], wait=20)
+
+
+async def turn_of(client: httpx.AsyncClient, conversation_id: str, turn_id: str,
+                  **params: Any) -> dict[str, Any]:
+    """`GET …/turns/{turn_id}` (`params`: wait), answered 200."""
+    reply = await client.get(f"/v1/conversations/{conversation_id}/turns/{turn_id}", params=params)
     assert reply.status_code == 200, reply.text
-    return request, reply.json()
+    return reply.json()
 
 
 async def test_ask_waits_for_a_yes_then_the_turn_goes_on(served: Served, client: httpx.AsyncClient) -> None:
@@ -208,18 +215,18 @@ async def test_a_second_message_while_waiting_follows_the_busy_rules(served: Ser
     conversation = await Conversation.create(client, "careful")
     conversation_id = conversation.id
     with anyio.fail_after(20):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(conversation.send, "run echo never approved")
-            request = await asked(client, conversation_id)
-            rejected = await conversation.send("hello")
-            assert rejected.status_code == 409
-            assert rejected.json()["error"]["code"] == "conversation_busy"
-            assert rejected.json()["error"]["details"]["turn_id"] == request["turn_id"]
-            second = await conversation.send("hello", if_busy="interrupt")
+        first = await conversation.send("run echo never approved")
+        request = await asked(client, conversation_id)
+        rejected = await conversation.send("hello")
+        assert rejected.status_code == 409
+        assert rejected.json()["error"]["code"] == "conversation_busy"
+        assert rejected.json()["error"]["details"]["turn_id"] == request["turn_id"]
+        second = await conversation.send("hello", if_busy="interrupt")
     assert second.status_code == 200 and second.json()["status"] == "completed"
     assert second.json()["output"] == "hello"
-    [first] = [r for r in conversation.replies if r is not rejected and r is not second]
-    assert first.json()["turn_id"] == request["turn_id"] and first.json()["status"] == "cancelled"
+    assert first.status_code == 202 and first.json()["turn_id"] == request["turn_id"]
+    assert first.json()["status"] == "waiting"
+    assert (await turn_of(client, conversation_id, request["turn_id"]))["status"] == "cancelled"
     turns = await conversation.turns()
     assert [t["status"] for t in turns] == ["cancelled", "completed"]
     assert "echo never approved" not in served.ran()
@@ -234,7 +241,10 @@ async def test_an_unanswered_request_expires_as_a_deny(tmp_path: Path) -> None:
     with serving(tmp_path, permission_timeout_s=1) as served:
         async with httpx.AsyncClient(base_url=served.url, timeout=15, trust_env=False) as client:
             conversation = await Conversation.create(client, "careful")
-            answer = await conversation.say("run echo too late", bound=20)
+            with anyio.fail_after(20):
+                waiting = await conversation.send("run echo too late")
+                assert waiting.status_code == 202, waiting.text
+                answer = await turn_of(client, conversation.id, waiting.json()["turn_id"], wait=20)
             assert answer["status"] == "completed"
             assert answer["output"] == (
                 "tool said: permission denied for risky: the permission request expired after 1s")
@@ -285,3 +295,115 @@ async def test_over_mcp_a_call_that_needs_approval_says_how(served: Served,
     assert [(m["role"], m["content"]) for m in messages if m["role"] != "tool"] == [
         ("user", "run echo via mcp"), ("assistant", ""), ("assistant", "tool said: ran: echo via mcp")]
     assert "echo via mcp" in served.ran()
+
+
+# --- a client that does not stream: 202 at once, then GET …/turns/{turn_id} ----------------------------
+
+
+async def test_a_message_not_streamed_answers_202_at_once_while_a_permission_waits(
+        served: Served, client: httpx.AsyncClient) -> None:
+    conversation = await Conversation.create(client, "careful")
+    with anyio.fail_after(15):  # the request expires after 300 s: the answer used to wait for that
+        reply = await conversation.send("run echo later", key="k-later")
+    assert reply.status_code == 202, reply.text
+    waiting = reply.json()
+    turn_id = waiting["turn_id"]
+    [request] = waiting["permission_requests"]
+    assert waiting == {"turn_id": turn_id, "digest": conversation.created["digest"], "status": "waiting",
+                       "permission_requests": [{"request_id": request["request_id"], "tool": "risky",
+                                                "input": {"command": "echo later"},
+                                                "expires_at": request["expires_at"]}]}
+    [pending] = await audit(client, conversation.id)
+    assert (pending["request_id"], pending["expires_at"]) == (request["request_id"], request["expires_at"])
+
+    with anyio.fail_after(15):
+        now = await turn_of(client, conversation.id, turn_id)
+        held = await turn_of(client, conversation.id, turn_id, wait=0.2)  # answered as it is once S passed
+        again = await conversation.send("run echo later", key="k-later")  # a retry: the same answer
+    for seen in (now, held):
+        assert seen["status"] == "waiting" and seen["permission_requests"] == waiting["permission_requests"]
+        assert (seen["id"], seen["turn_id"], seen["digest"]) == (turn_id, turn_id, waiting["digest"])
+        assert (seen["output"], seen["ended_at"], seen["attempts"]) == (None, None, 1)
+        assert (seen["trace_id"], seen["steps"]) == (None, [])
+        assert seen["messages"][-1]["role"] == "assistant" and seen["messages"][-1]["tool_calls"]
+    assert again.status_code == 202 and again.json() == waiting
+    assert "echo later" not in served.ran()
+
+    result: dict[str, Any] = {}
+
+    async def read_when_ended() -> None:
+        result.update(await turn_of(client, conversation.id, turn_id, wait=60))
+
+    with anyio.fail_after(20):  # well before the 60 s: the answer comes when the turn ends
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read_when_ended)
+            assert (await decide(client, conversation.id, request["request_id"], "allow")).status_code == 200
+        retried = await conversation.send("run echo later", key="k-later")
+    assert result["status"] == "completed" and result["output"] == "tool said: ran: echo later"
+    assert "permission_requests" not in result and result["ended_at"] and result["stop_reason"]
+    assert [m["role"] for m in result["messages"]] == ["user", "assistant", "tool", "assistant"]
+    assert retried.status_code == 200, retried.text
+    assert retried.json() == {k: result[k] for k in ("turn_id", "digest", "status", "output", "messages")}
+    [listed] = await conversation.turns()
+    assert {k: result[k] for k in listed} == listed  # every field of the list, as the list has it
+
+
+async def test_reading_a_turn_refuses_a_bad_wait_and_an_unknown_turn(served: Served,
+                                                                     client: httpx.AsyncClient) -> None:
+    conversation = await Conversation.create(client, "careful")
+    answer = await conversation.say("hello", bound=15)
+    path = f"{conversation.path}/turns/{answer['turn_id']}"
+    for wait in ("0", "-1", "60.5", "abc", "nan", "inf", ""):
+        bad = await client.get(path, params={"wait": wait})
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_request", (wait, bad.text)
+    ended = (await client.get(path, params={"wait": "60"})).json()  # ended: answered at once
+    assert (ended["status"], ended["output"]) == ("completed", "hello") and "permission_requests" not in ended
+    other = await Conversation.create(client, "careful")
+    for where in (f"{conversation.path}/turns/turn_nope", f"{other.path}/turns/{answer['turn_id']}"):
+        unknown = await client.get(where)
+        assert unknown.status_code == 404, unknown.text
+        assert unknown.json()["error"]["code"] == "turn_not_found"
+    gone = await client.get(f"/v1/conversations/conv_nope/turns/{answer['turn_id']}")
+    assert gone.status_code == 404 and gone.json()["error"]["code"] == "conversation_not_found"
+
+
+# --- the OpenAI-compatible route ---------------------------------------------------------------------
+
+
+async def openai_conversations(client: httpx.AsyncClient) -> list[dict[str, Any]]:
+    reply = await client.get("/v1/conversations", params={"agent": "careful", "limit": 1000})
+    return [c for c in reply.json()["items"] if c["metadata"].get("source") == "openai"]
+
+
+async def test_the_openai_route_refuses_a_turn_that_waits_on_a_person_once(served: Served,
+                                                                          client: httpx.AsyncClient) -> None:
+    """409 `permission_required`, which OpenAI's client would retry (a new turn each time) but for
+    `x-should-retry: false`; streamed, an error chunk ends the stream."""
+    before = len(await openai_conversations(client))
+    async with httpx.AsyncClient(trust_env=False, timeout=20) as http:
+        oai = openai.AsyncOpenAI(base_url=f"{served.url}/v1", api_key="x", http_client=http)  # 2 retries
+        with pytest.raises(openai.APIStatusError) as caught, anyio.fail_after(20):
+            await oai.chat.completions.create(model="careful",
+                                              messages=[{"role": "user", "content": "run echo via openai"}])
+        with pytest.raises(openai.APIError) as streamed, anyio.fail_after(20):
+            stream = await oai.chat.completions.create(
+                model="careful", messages=[{"role": "user", "content": "run echo streamed"}], stream=True)
+            async for _ in stream:
+                pass
+    refused = caught.value
+    assert refused.status_code == 409 and refused.response.headers["x-should-retry"] == "false"
+    error = refused.body
+    assert isinstance(error, dict) and error["code"] == "permission_required", error
+    assert "needs a person's approval" in error["message"]
+    assert isinstance(streamed.value.body, dict) and streamed.value.body["code"] == "permission_required"
+    made = await openai_conversations(client)
+    assert len(made) == before + 2  # one turn each: nothing was retried
+    details = error["details"]
+    [request] = details["permission_requests"]
+    assert (request["tool"], request["input"]) == ("risky", {"command": "echo via openai"})
+    with anyio.fail_after(20):  # the turn goes on once someone answers
+        path = f"/v1/conversations/{details['conversation_id']}"
+        decided = await client.post(f"{path}/permissions/{request['request_id']}", json={"decision": "allow"})
+        assert decided.status_code == 200, decided.text
+        result = await turn_of(client, details["conversation_id"], details["turn_id"], wait=20)
+    assert result["output"] == "tool said: ran: echo via openai"

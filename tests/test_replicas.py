@@ -20,7 +20,7 @@ import contextlib
 import re
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -331,21 +331,36 @@ async def test_concurrent_sends_through_two_replicas_run_one_reject_one(trio, tm
 
 
 async def test_a_permission_decided_on_another_replica_lets_the_turn_go_on(trio) -> None:
-    """The call waits on a; the request is seen on c and answered on b; c's `/v1/events` follows a's
-    conversation through waiting and back."""
+    """The call waits on a, whose answer (not streamed) is 202 at once; a retry of it on c answers the
+    same; the request is seen on c and answered on b; c's `/v1/events` follows a's conversation through
+    waiting and back; a read of the turn held on c (`?wait=S`) ends with the turn on a."""
     a, b, c = trio
     conversation = await Conversation.create(a, "asker")
+    held: dict[str, Any] = {}
+
+    async def read_when_ended(turn_id: str) -> None:
+        reply = await c.get(f"{conversation.path}/turns/{turn_id}", params={"wait": 60})
+        assert reply.status_code == 200, reply.text
+        held.update(reply.json())
+
     with anyio.fail_after(30):
-        async with server_events(c) as feed, anyio.create_task_group() as tg:
-            tg.start_soon(conversation.send, "ask now")
+        async with server_events(c) as feed:
+            first = await conversation.send("ask now", key="k-ask")
+            assert first.status_code == 202, first.text
+            retry = await conversation.through(c).send("ask now", key="k-ask")  # the turn runs on a
+            assert retry.status_code == 202 and retry.json() == first.json(), retry.text
             asked = (await conversation.through(c).events(named("permission.requested")))[-1].data
-            decided = await b.post(f"{conversation.path}/permissions/{asked['request_id']}",
-                                   json={"decision": "allow"})
-            assert decided.status_code == 200 and decided.json()["status"] == "allowed", decided.text
+            assert [r["request_id"] for r in first.json()["permission_requests"]] == [asked["request_id"]]
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(read_when_ended, first.json()["turn_id"])
+                decided = await b.post(f"{conversation.path}/permissions/{asked['request_id']}",
+                                       json={"decision": "allow"})
+                assert decided.status_code == 200 and decided.json()["status"] == "allowed", decided.text
             for status in ("busy", "waiting", "idle"):
                 await feed.wait(lambda e, s=status: e.name == "conversation.status"
                                 and e.data == {"conversation_id": conversation.id, "status": s})
-    answer = conversation.replies[0]
+            answer = await conversation.through(b).send("ask now", key="k-ask")
+    assert (held["status"], held["output"]) == ("completed", "guarded said guarded ran"), held
     assert answer.status_code == 200, answer.text
     assert (answer.json()["status"], answer.json()["output"]) == ("completed", "guarded said guarded ran")
 
@@ -517,6 +532,33 @@ async def test_an_edit_swaps_every_replica_and_each_report_lists_the_busy_turn(c
         assert (conversation.id, turn_id, "edited") in busy, (name, report)
         change = next(x for x in report["changes"] if (x["kind"], x["name"]) == ("Agent", "edited"))
         assert change["change"] == "changed" and change["from"] == held["digest"]
+
+
+async def test_a_mended_rejection_is_announced_as_a_swap_everywhere_and_kept(cluster: Cluster, trio) -> None:
+    """A broken edit rejected by every replica, then undone: each replica's `unchanged` report is kept in
+    the history and reaches every replica's `/v1/events` as `definitions.swapped`, never as a rejection."""
+    a, _, c = trio
+    path = cluster.defs / "edited.yaml"
+    good = path.read_text()
+
+    def reports(status: str) -> Callable[[Event], bool]:
+        return lambda e: e.data.get("status") == status
+
+    with anyio.fail_after(40):
+        async with server_events(c) as feed:
+            write_atomic(path, good.replace("model: m_edited", "model: m_missing"))
+            for replica in ("a", "b", "c"):
+                await feed.wait(lambda e, r=replica: reports("rejected")(e) and e.data.get("replica") == r)
+            write_atomic(path, good)
+            for replica in ("a", "b", "c"):
+                await feed.wait(lambda e, r=replica: reports("unchanged")(e) and e.data.get("replica") == r)
+            history = await swaps(a)
+    named = {(e.name, e.data["status"]) for e in feed.seen if e.name.startswith("definitions.")}
+    assert named == {("definitions.rejected", "rejected"), ("definitions.swapped", "unchanged")}, named
+    latest = {}
+    for report in reversed(history):  # oldest first: the last one seen per replica is its latest
+        latest[report.get("replica")] = report["status"]
+    assert {latest[r] for r in ("a", "b", "c")} == {"unchanged"}, history[:6]
 
 
 async def test_a_reload_or_sighup_on_one_replica_reloads_every_replica(postgres_server: PostgresServer,

@@ -48,8 +48,10 @@ export function renderFeed() {
 }
 
 /**
- * The banner shows the latest report while it is a rejection. A fix that restores the set being served
- * swaps nothing and is not announced, so the banner offers to check again (a reload: `unchanged` clears it).
+ * The banner shows the latest report while it is a rejection: the state as it is now. A fix that restores
+ * the set being served is an `unchanged` report, announced and kept in the history after a rejection, so it
+ * clears the banner live and on a fresh load (the rejection stays in the feed, as history). The banner
+ * offers to check again for a fix the server has not looked at yet (a reload).
  */
 export function renderBanner(report) {
   const banner = document.getElementById("rejected");

@@ -175,14 +175,14 @@ class Swapper:
 
     async def _announce(self, report: SwapReport) -> None:
         self.metrics.swaps.inc(report.status)
-        if report.status != "unchanged":
+        # An unchanged report after a rejection is news too: the files compile again to the set being
+        # served. It is kept in the history as well, so that a console loaded later does not take the
+        # rejection before it for the state of things.
+        if report.status != "unchanged" or self._rejected:
             body = report.to_json()
             await self.store.record_swap(report.id, time.time(), report.status, body)
-            name = "definitions.swapped" if report.status == "applied" else "definitions.rejected"
+            name = "definitions.rejected" if report.status == "rejected" else "definitions.swapped"
             self.publish(name, body)
-        elif self._rejected:
-            # the files compile again to the set being served: news for whoever saw the rejection
-            self.publish("definitions.swapped", report.to_json())
         self._rejected = report.status == "rejected"
         if report.status == "applied":
             for listener in self.listeners:

@@ -26,6 +26,7 @@ from . import (
     openai_compat,
     openapi,
     permissions,
+    turns,
 )
 from .browsers import CORS_EXPOSED, CORS_HEADERS, BrowserGuard
 from .guards import ApiKeys, BodyLimit, RequestIds
@@ -53,6 +54,7 @@ def create_app(settings: Settings) -> Starlette:
         *agents.routes,
         *closures.routes,
         *conversations.routes,
+        *turns.routes,
         *permissions.routes,
         *openapi.routes,
         *openai_compat.routes,

@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..errors import RequestError
+from ..runtime import waits
 from ..runtime.steering import Steered
 from ..store.base import ConversationRecord, EventRecord, TurnRecord
 from .plumbing import KEEP_ALIVE, iso, page, page_params, read_json, sse_frame, sse_response
@@ -149,8 +150,9 @@ async def send_message(request: Request) -> Response:
                                         if_busy=body.if_busy, idempotency_key=key)
     except Steered as steered:  # into the running turn: it answers, this request does not wait for it
         return JSONResponse({"turn_id": steered.turn_id}, status_code=202)
-    if not body.stream:
-        return JSONResponse((await conversations.result(turn)).to_json())
+    if not body.stream:  # the result, or at once (202) what the turn waits on
+        answer = await waits.answer(conversations, turn)
+        return JSONResponse(answer.to_json(), status_code=202 if isinstance(answer, waits.Waiting) else 200)
     events = conversations.events(turn.record.conversation_id, after=max(turn.started_seq - 1, 0),
                                   until_turn=turn.id)
     return sse_response(_frames(events), request.app.state.service.metrics)

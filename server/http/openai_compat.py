@@ -32,9 +32,11 @@ from starlette.routing import Route
 from ..compiler.schemas import check_schema
 from ..errors import CorralError, RequestError
 from ..messages import AssistantMessage, Message, UserMessage
+from ..runtime import waits
+from ..runtime.conversations import Conversations
 from ..runtime.structured import OutputSchema
-from ..runtime.turn import CANCELLED_ERROR
-from .plumbing import read_json, sse_response
+from ..runtime.turn import CANCELLED_ERROR, ActiveTurn, TurnResult
+from .plumbing import error_response, read_json, sse_response
 
 
 class ChatMessage(BaseModel):
@@ -113,10 +115,12 @@ async def chat_completions(request: Request) -> Response:
         events = conversations.events(conversation.id, after=turn.started_seq - 1, until_turn=turn.id)
         chunks = _chunks(events, completion_id, created, body.model, usage, whole=whole)
         return sse_response(chunks, service.metrics)
-    result = await conversations.result(turn)
-    if not result.completed:
-        error = result.failure()
-        raise CorralError(error["message"], code=error["code"], details=error.get("details"))
+    try:
+        result = await _result(conversations, turn)
+    except CorralError as exc:  # the turn ran: a retry would run (and pay for) another one
+        response = error_response(exc)
+        response.headers["x-should-retry"] = "false"  # OpenAI's clients obey this
+        return response
     return JSONResponse({
         "id": completion_id, "object": "chat.completion", "created": created, "model": body.model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": result.output},
@@ -124,6 +128,30 @@ async def chat_completions(request: Request) -> Response:
         "usage": _usage(result.usage),
         "system_fingerprint": result.digest,
     })
+
+
+async def _result(conversations: Conversations, turn: ActiveTurn) -> TurnResult:
+    """The completed turn's result; a failure, or a wait on a person, raised as its error."""
+    answer = await waits.answer(conversations, turn)
+    if isinstance(answer, waits.Waiting):
+        raise permission_required(answer.conversation_id, answer.turn_id, answer.requests)
+    if not answer.completed:
+        error = answer.failure()
+        raise CorralError(error["message"], code=error["code"], details=error.get("details"))
+    return answer
+
+
+def permission_required(conversation_id: str, turn_id: str,
+                        requests: tuple[dict[str, Any], ...]) -> CorralError:
+    """A turn that waits on a person: it goes on once someone answers, and its result is read from the
+    conversation (as the MCP tool says it)."""
+    first, path = requests[0], f"/v1/conversations/{conversation_id}"
+    return CorralError(
+        f"the agent wants to call {first['tool']} and needs a person's approval: POST "
+        f"{path}/permissions/{first['request_id']} with {{\"decision\": \"allow\"}} (or \"deny\"); the "
+        f"turn then goes on, and its result is read with GET {path}/turns/{turn_id}?wait=60",
+        code="permission_required", details={"conversation_id": conversation_id, "turn_id": turn_id,
+                                             "permission_requests": list(requests)})
 
 
 def _usage(usage: dict[str, int]) -> dict[str, int]:
@@ -157,7 +185,19 @@ async def _chunks(events: AsyncIterator[Any], completion_id: str, created: int, 
         elif event.name in ("turn.failed", "turn.cancelled"):
             error = event.data.get("error") or CANCELLED_ERROR
             yield b"data: " + json.dumps({"error": {**error, "type": error["code"]}}).encode() + b"\n\n"
+        elif event.name == "permission.requested":  # as the non-streaming answer: the turn waits on
+            yield _waits_on(event)                       # a person, the stream ends here
+            break
     yield b"data: [DONE]\n\n"
+
+
+def _waits_on(event: Any) -> bytes:
+    """The error chunk of a streamed turn that waits on a person (its `permission.requested` event)."""
+    data = event.data
+    request = {"request_id": data["request_id"], "tool": data["name"], "input": data["arguments"],
+               "expires_at": data["expires_at"]}
+    body = permission_required(event.conversation_id, data["turn_id"], (request,)).envelope()["error"]
+    return b"data: " + json.dumps({"error": {**body, "type": body["code"]}}).encode() + b"\n\n"
 
 
 routes = [Route("/v1/chat/completions", chat_completions, methods=["POST"])]

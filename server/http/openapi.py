@@ -27,7 +27,7 @@ from starlette.routing import BaseRoute, Route
 
 from .. import __version__
 from ..errors import ERRORS, TURN_FAILURES, forms
-from . import agents, closures, conversations, deployments, health, openai_compat, permissions
+from . import agents, closures, conversations, deployments, health, openai_compat, permissions, turns
 from .browsers import BODY_METHODS
 from .guards import OPEN_PATHS
 
@@ -97,11 +97,16 @@ DOCS: dict[Callable[..., Any] | type, Doc] = {
     conversations.delete_conversation: Doc("Delete a conversation", ("conversation_busy", *IN_CONVERSATION),
                                            status=204, media=""),
     conversations.send_message: Doc(
-        "Run a turn (JSON, or SSE with stream); with if_busy steer into a running turn, 202 {turn_id}",
+        "Run a turn (JSON, or SSE with stream); with if_busy steer into a running turn, 202 {turn_id}; "
+        "a turn that waits on a permission request answers at once, 202 with status waiting",
         (*REF, *IN_CONVERSATION, "conversation_busy", "idempotency_key_reused", "conflict", "overloaded",
          "prompt_blocked"), body=conversations.SendMessage),
     conversations.list_messages: Doc("The transcript", CURSORS, query=PAGE),
     conversations.list_turns: Doc("The turns", CURSORS, query=PAGE),
+    turns.get_turn: Doc(
+        "One turn: its result so far, permission requests while it waits; wait=S (0 < S <= 60) holds the "
+        "answer until it ends", ("invalid_request", "turn_not_found", *IN_CONVERSATION),
+        query=(("wait", "number"),)),
     conversations.conversation_events: Doc("The conversation's events (Last-Event-ID resumes)", CURSORS,
                                            query=(("after", "integer"),), media=SSE),
     conversations.interrupt: Doc("Cancel the running turn", (*IN_CONVERSATION, "overloaded")),
@@ -114,7 +119,8 @@ DOCS: dict[Callable[..., Any] | type, Doc] = {
                             ("invalid_request", "not_found", "conflict", *IN_CONVERSATION),
                             body=permissions.Decision),
     openai_compat.chat_completions: Doc("OpenAI-compatible chat completions",
-                                        (*REF, "overloaded", "cancelled", *TURN_FAILURES),
+                                        (*REF, "overloaded", "cancelled", "permission_required",
+                                         *TURN_FAILURES),
                                         body=openai_compat.ChatRequest),
     # `/mcp` answers MCP's own errors in JSON-RPC (see `mcp.server`); over HTTP, only the guards'.
     StreamableHTTPASGIApp: Doc("MCP over streamable HTTP: JSON-RPC (POST), its stream (GET), session end "

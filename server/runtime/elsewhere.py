@@ -45,7 +45,7 @@ class TurnsElsewhere:
                 return (None,)
             return None
 
-        (record,) = await self._when(conversation_id, check)
+        (record,) = await self.when(conversation_id, check)
         return record
 
     async def joined(self, conversation_id: str, turn_id: str, tg: TaskGroup,
@@ -58,7 +58,7 @@ class TurnsElsewhere:
 
         with waited(60, f"turn {turn_id}, started by another request with this key, has not begun",
                     turn_id=turn_id):
-            record = await self._when(conversation_id, started)
+            record = await self.when(conversation_id, started)
         if record.status in ENDED_STATUSES:
             return await stored(record)
         turn = ActiveTurn(record=record, started_seq=await self.streams.started_seq(conversation_id, turn_id))
@@ -74,9 +74,9 @@ class TurnsElsewhere:
             turn.done.set()
             turn.attention.set()
 
-    async def _when(self, conversation_id: str, check: Callable[[], Awaitable[T | None]]) -> T:
+    async def when(self, conversation_id: str, check: Callable[[], Awaitable[T | None]]) -> T:
         """`check()` once it is not None: re-run on the conversation's news (its events, from any
-        replica), and every second in case a notice was lost."""
+        replica), and every second in case a notice was lost. (Also how `waits` follows a turn.)"""
         while True:
             with self.streams.hub.subscribe(conversation_id) as live:
                 while True:

@@ -182,7 +182,7 @@ class Replica:
         report = await self.store.get_swap(str(notice["id"]))
         if report is None:
             return
-        name = "definitions.swapped" if report.get("status") == "applied" else "definitions.rejected"
+        name = "definitions.rejected" if report.get("status") == "rejected" else "definitions.swapped"
         self.hub.publish_global(name, report)
 
     async def _reload(self, notice: Notice) -> None:
