@@ -70,10 +70,10 @@ class Steered(Exception):
 class Conversations:
     def __init__(self, store: Store, registry: Registry, runtime: Runtime, hub: EventHub,
                  metrics: Metrics, *, idempotency_ttl_s: float = 86_400, max_turns: int = 1000,
-                 lease_s: float = 10.0):
+                 lease_s: float = 10.0, storage_grace_s: float = 30.0):
         self.store = store
         self.registry = registry
-        self.runner = TurnRunner(store, runtime, hub, metrics)
+        self.runner = TurnRunner(store, runtime, hub, metrics, storage_grace_s=storage_grace_s)
         self.admission = Admission(store, lease_s=lease_s, max_turns=max_turns)
         self.keys = IdempotencyKeys(store, idempotency_ttl_s)
         self.streams = EventStreams(store, hub)
