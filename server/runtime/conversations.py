@@ -51,7 +51,7 @@ from .plans import Runtime
 from .streams import EventStreams
 from .structured import MISSING, OutputSchema
 from .structured import stored as stored_structured
-from .turn import ActiveTurn, Failed, TurnResult
+from .turn import ENDED_STATUSES, ActiveTurn, Failed, TurnResult
 from .turns import TurnRunner
 
 log = logging.getLogger("corral.conversations")
@@ -233,7 +233,18 @@ class Conversations:
         return await self.keys.once(
             conversation_id, idempotency_key, asked,
             start=lambda: self._start(conversation, text, if_busy, idempotency_key, asked, output),
-            stored=self._stored)
+            stored=self._found)
+
+    async def _found(self, turn: TurnRecord) -> ActiveTurn:
+        """The turn the store has under a retried request's key: one that ended, as `_stored` presents
+        it; one still running (on another replica, or resumed here), followed until it ends, as the
+        first request waits for it (§9)."""
+        if turn.status in ENDED_STATUSES:
+            return await self._stored(turn)
+        log.info("a retried request follows turn %s of conversation %s until it ends", turn.id,
+                 turn.conversation_id)
+        assert self._tg is not None
+        return await self.elsewhere.joined(turn.conversation_id, turn.id, self._tg, self._stored)
 
     async def _stored(self, turn: TurnRecord) -> ActiveTurn:
         """A turn the store holds, as one that ended (a streamed retry replays from its start)."""

@@ -327,7 +327,7 @@ class Journal:
 
 
 class _Channel:
-    """A turn's way back from its tool calls: events, and the waiting status."""
+    """A turn's way back from its tool calls: events, the waiting status, and its lease."""
 
     def __init__(self, runner: TurnRunner, conversation_id: str, active: ActiveTurn, journal: Journal):
         self.runner = runner
@@ -345,6 +345,21 @@ class _Channel:
         await self.runner.store.update_turn(self.turn_id, status="waiting" if on else "running",
                                             fence=self.active.fence)
         await self.runner.set_status(self.conversation_id, "waiting" if on else "busy")
+
+    async def confirm(self) -> None:
+        """Right before a side effect (a tool call, a hook, acting on a permission decision): raise
+        `LeaseLost` unless this replica still holds the turn under its fence (§9). Fenced writes
+        alone would let a replica paused past its lease run a tool before its next write finds out
+        that another replica took the turn over (and recorded that call's outcome as unknown). One
+        process on the embedded store holds every turn it runs: nothing to ask."""
+        store, fence = self.runner.store, self.active.fence
+        if store.embedded or fence is None:
+            return
+        holder = await store.holder(self.conversation_id)
+        if holder is None or (holder.turn_id, holder.replica, holder.fence) != (self.turn_id, store.replica,
+                                                                                fence):
+            raise LeaseLost(f"turn {self.turn_id} no longer holds conversation {self.conversation_id}"
+                            f" under fence {fence}")
 
 
 class Transcripts:
