@@ -8,7 +8,9 @@ effect (a hook, a tool, a person's answer), so nothing it started before
 the pause is carried out after another replica took the turn over. And what
 a client sends to it (a permission decision) still reaches the turn where it
 runs now. A retried request with the same Idempotency-Key waits on any
-replica for the turn's end, as the first request does.
+replica for the turn's end, as the first request does. A turn's stream from
+a replica that stops is broken off, never ended cleanly before the turn's
+end, so its client reconnects with Last-Event-ID.
 
 A tool's side effect is a line in a log (the call's execution key); a tool
 or hook that must hold still waits for a gate file the test creates. Every
@@ -18,6 +20,7 @@ wait is bounded and on a condition.
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -28,8 +31,8 @@ import httpx
 import pytest
 
 from server.runtime.loop import UNKNOWN_OUTCOME
-from tests.support.durable import Follower, Node, client_for, lines, summary
-from tests.support.events import ended, named
+from tests.support.durable import TERMINAL, Follower, Node, client_for, lines, summary
+from tests.support.events import Event, ended, named, read_events, sse
 from tests.support.postgres import PostgresServer
 from tests.support.processes import wait_until
 from tests.support.trees import open_gate, write_tree
@@ -258,3 +261,35 @@ async def test_a_retry_on_another_replica_waits_for_the_turn(pair: tuple[Node, N
     assert two.json()["turn_id"] == one.json()["turn_id"]
     assert two.json()["messages"] == one.json()["messages"]
     assert len(lines(log)) == 1
+
+
+async def test_a_stopping_replica_breaks_a_turn_stream_off(pair: tuple[Node, Node], tmp_path: Path) -> None:
+    """A turn streams from `a` and `a` stops (SIGTERM) mid-tool: the stream is broken off, never ended
+    cleanly before the turn's end; the client reconnects to `b` with Last-Event-ID and sees the turn
+    end, once."""
+    a, b = pair
+    log, gate = tmp_path / "log", tmp_path / "gate"
+    conversation_id = await conversation(a)
+    seen: list[Event] = []
+    try:
+        async with client_for(a.url) as client:
+            with pytest.raises(httpx.RemoteProtocolError):
+                body = {"content": f"gated {log} {gate}", "stream": True}
+                async with client.stream("POST", f"/v1/conversations/{conversation_id}/messages",
+                                         json=body) as r:
+                    assert r.status_code == 200
+                    async for event in sse(r):
+                        seen.append(event)
+                        if event.name == "tool.started":
+                            a.serving = False
+                            a.server.signal(signal.SIGTERM)
+        await anyio.to_thread.run_sync(a.server.wait, BOUND)  # a stopped (it handed the turn over)
+        turn_id = seen[0].data["turn_id"]
+        assert not [e for e in seen if e.name in TERMINAL], summary(seen)
+        async with client_for(b.url) as client:
+            rest = await read_events(client, conversation_id, ended(turn_id), seen[-1].id)
+    finally:
+        open_gate(gate)
+    ids = [e.id for e in seen + rest]
+    assert ids == list(range(1, len(ids) + 1)), summary(seen + rest)
+    assert [e.name for e in seen + rest if e.name in TERMINAL] == ["turn.completed"], summary(seen + rest)
