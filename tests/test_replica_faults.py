@@ -10,7 +10,9 @@ a client sends to it (a permission decision) still reaches the turn where it
 runs now. A retried request with the same Idempotency-Key waits on any
 replica for the turn's end, as the first request does. A turn's stream from
 a replica that stops is broken off, never ended cleanly before the turn's
-end, so its client reconnects with Last-Event-ID.
+end, so its client reconnects with Last-Event-ID. Behind the documented
+nginx configuration, a killed replica costs no request that is safe to
+send again, and nginx's own errors are Corral's JSON envelope.
 
 A tool's side effect is a line in a log (the call's execution key); a tool
 or hook that must hold still waits for a gate file the test creates. Every
@@ -33,6 +35,7 @@ import pytest
 from server.runtime.loop import UNKNOWN_OUTCOME
 from tests.support.durable import TERMINAL, Follower, Node, client_for, lines, summary
 from tests.support.events import Event, ended, named, read_events, sse
+from tests.support.nginx import NginxProxy
 from tests.support.postgres import PostgresServer
 from tests.support.processes import wait_until
 from tests.support.trees import open_gate, write_tree
@@ -293,3 +296,59 @@ async def test_a_stopping_replica_breaks_a_turn_stream_off(pair: tuple[Node, Nod
     ids = [e.id for e in seen + rest]
     assert ids == list(range(1, len(ids) + 1)), summary(seen + rest)
     assert [e.name for e in seen + rest if e.name in TERMINAL] == ["turn.completed"], summary(seen + rest)
+
+
+def running_on(pair: tuple[Node, Node], log: Path) -> Node:
+    """The replica whose tool process is appending to `log` (the process's parent)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and str(log).encode() in (proc / "cmdline").read_bytes():
+                parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                return next(n for n in pair if n.server.proc is not None and n.server.proc.pid == parent)
+        except (OSError, StopIteration):
+            continue
+    raise AssertionError(f"no tool process writes {log}")
+
+
+async def test_through_nginx_a_killed_replica_costs_no_keyed_request(pair: tuple[Node, Node],
+                                                                    tmp_path: Path) -> None:
+    """Behind the documented nginx config, the replica running a keyed request's turn is killed: nginx
+    sends the request on to the other replica, which answers the turn's result once it has taken the turn
+    over; a retry with the same key answers the same. With no replica left, nginx answers Corral's JSON
+    error envelope, never its HTML page."""
+    log, gate = tmp_path / "log", tmp_path / "gate"
+    with NginxProxy([n.url for n in pair]) as proxy:
+        async with client_for(proxy.url, timeout=120) as client:
+            r = await client.post("/v1/conversations", json={"agent": "worker"})
+            assert r.status_code == 201, r.text
+            path = f"/v1/conversations/{r.json()['id']}/messages"
+            for _ in range(4):  # nginx keeps connections open to both replicas
+                assert (await client.get("/healthz")).status_code == 200
+            body, key = {"content": f"gated {log} {gate}"}, {"Idempotency-Key": "k-nginx"}
+            replies: list[httpx.Response] = []
+            try:
+                async with anyio.create_task_group() as tg:
+                    async def keyed() -> None:
+                        replies.append(await client.post(path, json=body, headers=key))
+
+                    tg.start_soon(keyed)
+                    await wait_until(lambda: lines(log), BOUND)  # in its tool
+                    victim = running_on(pair, log)
+                    await victim.kill()
+            finally:
+                open_gate(gate)
+            [reply] = replies
+            assert reply.status_code == 200, (reply.status_code, reply.text, proxy.access_log())
+            first = reply.json()
+            assert first["status"] == "completed" and first["output"].startswith("gated: "), first
+            again = await client.post(path, json=body, headers=key)
+            assert again.status_code == 200 and again.json()["turn_id"] == first["turn_id"], again.text
+            assert again.json()["messages"] == first["messages"]
+            [survivor] = [n for n in pair if n is not victim]
+            await survivor.kill()
+            for method in ("GET", "POST"):
+                failed = await client.request(method, path, json=body)
+                assert failed.status_code == 502, failed.text
+                assert failed.headers["content-type"].startswith("application/json"), failed.headers
+                assert failed.json()["error"]["code"] == "unreachable", failed.text
+    assert len(lines(log)) == 1, lines(log)  # the unsafe tool was not run again
