@@ -352,3 +352,32 @@ async def test_through_nginx_a_killed_replica_costs_no_keyed_request(pair: tuple
                 assert failed.headers["content-type"].startswith("application/json"), failed.headers
                 assert failed.json()["error"]["code"] == "unreachable", failed.text
     assert len(lines(log)) == 1, lines(log)  # the unsafe tool was not run again
+
+
+async def test_replicas_list_a_taken_over_turn_on_its_new_replica(pair: tuple[Node, Node],
+                                                                  tmp_path: Path) -> None:
+    """`GET /v1/replicas` counts the turns each replica holds now: once `b` took over the turn of `a`
+    (killed), `a` (still listed, as heard from lately) runs none and `b` runs it."""
+    a, b = pair
+    conversation_id = await conversation(a)
+    follower = Follower(conversation_id, lambda: [b.url])
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(follower.run)
+        tg.start_soon(send, a, conversation_id, f"ask {tmp_path / 'log'}", [])
+        asked = await follower.wait(named("permission.requested"), BOUND)
+        async with client_for(b.url) as client:
+            async def listed() -> dict[str, Any]:
+                return {r["id"]: r for r in (await client.get("/v1/replicas")).json()["items"]}
+
+            with anyio.fail_after(BOUND):  # `a` is listed with the turn
+                while (await listed())["a"]["running_turns"] != 1:
+                    await anyio.sleep(0.05)
+            await a.kill()
+            await follower.wait(named("turn.resumed"), BOUND)
+            running = {name: r["running_turns"] for name, r in (await listed()).items()}
+            assert running == {"a": 0, "b": 1}, running
+            decision = f"/v1/conversations/{conversation_id}/permissions/{asked.data['request_id']}"
+            r = await client.post(decision, json={"decision": "deny"})
+            assert r.status_code == 200, r.text
+        await follower.wait(ended(asked.data["turn_id"]), BOUND)
+        tg.cancel_scope.cancel()
