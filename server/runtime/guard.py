@@ -17,9 +17,10 @@ model or a person reads names the tool as the model knows it.
 The hooks that guard a call get its execution key, as the tool does
 (`ToolContext.execution_key`); the guard says whether a call may be replayed
 as its tool does (`replay_safe`): hooks and permissions do not change what a
-second run of the tool would do. Right before each side effect (a hook, the
-tool, acting on a person's answer) the turn's lease is confirmed
-(`TurnChannel.confirm`): a replica that lost the turn starts none of them.
+second run of the tool would do. Right before the tool runs (after its hooks
+and a person's answer) the turn's lease is confirmed (`TurnChannel.confirm`;
+`Hooks` confirm it before each hook runs): a replica that lost the turn
+starts none of them.
 """
 
 from __future__ import annotations
@@ -56,8 +57,7 @@ class Guarded:
     async def call(self, arguments: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
         name = self.spec.name
         decision, reason, args = self.permission, None, dict(arguments)
-        if self.hooks is not None and self.hooks.matching("pre_tool_use", self.hook_name):
-            await _confirm(ctx)
+        if self.hooks is not None:  # the hooks confirm the turn's lease before they run
             verdict = await self.hooks.run("pre_tool_use", {
                 "tool_name": self.hook_name, "tool_input": args, "tool_use_id": ctx.call_id,
             }, execution_key=ctx.execution_key)
@@ -84,7 +84,6 @@ class Guarded:
     async def _after(self, args: dict[str, Any], output: ToolOutput, ctx: ToolContext) -> ToolOutput:
         if self.hooks is None or not self.hooks.matching("post_tool_use", self.hook_name):
             return output
-        await _confirm(ctx)
         verdict = await self.hooks.run("post_tool_use", {
             "tool_name": self.hook_name, "tool_input": args, "tool_use_id": ctx.call_id,
             "tool_response": {"content": output.content, "is_error": output.is_error},
