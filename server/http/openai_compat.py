@@ -33,8 +33,8 @@ from ..compiler.metaschema import check_schema
 from ..errors import CorralError, RequestError
 from ..messages import AssistantMessage, Message, UserMessage
 from ..runtime.structured import OutputSchema
-from ..runtime.turn import CANCELLED_ERROR
-from .plumbing import read_json, sse_response
+from ..runtime.turn import CANCELLED_ERROR, TERMINAL_EVENTS
+from .plumbing import BrokenOff, read_json, sse_response
 
 
 class ChatMessage(BaseModel):
@@ -141,7 +141,9 @@ async def _chunks(events: AsyncIterator[Any], completion_id: str, created: int, 
         return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
 
     yield frame({"role": "assistant", "content": ""})
+    ended = False
     async for event in events:
+        ended = ended or (event is not None and event.name in TERMINAL_EVENTS)
         if event is None:
             yield b": keep-alive\n\n"
         elif event.name == "message.delta" and not whole:
@@ -157,6 +159,8 @@ async def _chunks(events: AsyncIterator[Any], completion_id: str, created: int, 
         elif event.name in ("turn.failed", "turn.cancelled"):
             error = event.data.get("error") or CANCELLED_ERROR
             yield b"data: " + json.dumps({"error": {**error, "type": error["code"]}}).encode() + b"\n\n"
+    if not ended:  # the server stops before the turn's end: no [DONE], the stream is broken off (§8)
+        raise BrokenOff
     yield b"data: [DONE]\n\n"
 
 
