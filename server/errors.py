@@ -18,6 +18,7 @@
         │   └── ProviderError        a failed model call, `retryable` or not
         ├── ToolError
         ├── StorageError             the store could not commit or read
+        │   └── StoreUnreachable     ... because it could not be reached: it may come back
         └── LeaseLost                another replica took the turn over: this one writes nothing more
 
 Some codes are raised on a family's class, not on a class of their own
@@ -263,6 +264,12 @@ class StorageError(RunError):
     """The store could not commit (or read) what a turn needed; the message names no path."""
 
     code = "storage_error"
+
+
+class StoreUnreachable(StorageError):
+    """The store could not be reached (the connection was lost or refused, the server restarting):
+    the write did not commit (or, if the connection broke during its commit, the store cannot
+    say), and the same write may succeed once it is back (a running turn retries it)."""
 
 
 class LeaseLost(RunError):

@@ -33,7 +33,9 @@ class Settings(BaseSettings):
     idempotency_ttl_s: float = Field(default=24 * 3600, gt=0)
     max_concurrent_turns: int = Field(default=1000, gt=0)
     permission_timeout_s: float = Field(default=300.0, gt=0)
-    storage_grace_s: float = Field(default=10.0, gt=0)  # a store failing writes this long is dead
+    # a running turn retries a write the store could not be reached for this long (a PostgreSQL
+    # restart or fail-over fails nothing); a store failing writes this long is dead
+    storage_grace_s: float = Field(default=30.0, gt=0)
     lease_s: float = Field(default=10.0, gt=0)  # a replica silent this long loses its turns' leases
     replica_id: str = ""  # empty: host name and pid
     max_attempts: int = Field(default=3, ge=1)  # a turn cut off this many times fails with `interrupted`

@@ -626,10 +626,10 @@ async def test_a_killed_replica_leaves_no_conversation_busy(cluster: Cluster, tr
 def test_the_tested_nginx_config_is_the_documented_one() -> None:
     """The proxy below runs `examples/nginx/corral.conf` with only its three ports replaced."""
     documented = TEMPLATE.read_text("utf-8")
-    assert render(documented, 8420, ["http://127.0.0.1:8421", "http://127.0.0.1:8422"]) == documented
+    assert render(documented, 8430, ["http://127.0.0.1:8431", "http://127.0.0.1:8432"]) == documented
     rendered = render(documented, 9000, ["http://127.0.0.1:9001", "http://127.0.0.1:9002", "http://127.0.0.1:9003"])
     directives = [line.split("#")[0].strip() for line in rendered.splitlines()]
-    assert "listen 127.0.0.1:9000;" in directives and not any("842" in d for d in directives)
+    assert "listen 127.0.0.1:9000;" in directives and not any("843" in d for d in directives)
     assert [d.split()[1] for d in directives if d.startswith("server 127.")] == [
         "127.0.0.1:9001", "127.0.0.1:9002", "127.0.0.1:9003"]
 

@@ -280,8 +280,16 @@ async def test_replicas_and_files(store):
     await store.heartbeat(beat("r2", 5.0, DIGEST_A, 0))
     await store.heartbeat(beat("r1", 2.0, DIGEST_A, 1))
     await store.heartbeat(beat("r1", 6.0, DIGEST_B, 3))
-    assert await store.list_replicas(since=5.0) == [beat("r1", 6.0, DIGEST_B, 3),
+    # running_turns: the turns a replica holds now, whatever its last heartbeat said (a compaction's
+    # hold is no turn)
+    await conversations(store, "c1", "c2", "c3")
+    await store.admit("c1", "turn_1", "reject", 1.0, 100.0)
+    await store.admit("c2", "turn_2", "reject", 1.0, 100.0)
+    await store.admit("c3", "compact_3", "reject", 1.0, 100.0)
+    assert await store.list_replicas(since=5.0) == [beat("r1", 6.0, DIGEST_B, 2),
                                                     beat("r2", 5.0, DIGEST_A, 0)]
+    await store.release("c2", "turn_2")
+    assert [r.running_turns for r in await store.list_replicas(since=5.0)] == [1, 0]
     await store.remove_replica("r2")
     assert [r.id for r in await store.list_replicas(since=0.0)] == ["r1"]
     script = StoredFile(digest="sha256:f1", data=b"#!/bin/sh\n\x00\xff", mode=0o755)

@@ -14,8 +14,9 @@ from starlette.routing import Route
 from ..errors import RequestError
 from ..runtime import waits
 from ..runtime.steering import Steered
+from ..runtime.turn import TERMINAL_EVENTS
 from ..store.base import ConversationRecord, EventRecord, TurnRecord
-from .plumbing import KEEP_ALIVE, iso, page, page_params, read_json, sse_frame, sse_response
+from .plumbing import KEEP_ALIVE, BrokenOff, iso, page, page_params, read_json, sse_frame, sse_response
 
 MAX_METADATA_BYTES = 16 * 1024  # §10: metadata is at most 16 KiB as (compact, UTF-8) JSON
 
@@ -155,7 +156,7 @@ async def send_message(request: Request) -> Response:
         return JSONResponse(answer.to_json(), status_code=202 if isinstance(answer, waits.Waiting) else 200)
     events = conversations.events(turn.record.conversation_id, after=max(turn.started_seq - 1, 0),
                                   until_turn=turn.id)
-    return sse_response(_frames(events), request.app.state.service.metrics)
+    return sse_response(_frames(events, turn.id), request.app.state.service.metrics)
 
 
 async def get_context(request: Request) -> Response:
@@ -168,9 +169,17 @@ async def compact(request: Request) -> Response:
     return JSONResponse(await _conversations(request).compact(request.path_params["id"]))
 
 
-async def _frames(events: AsyncIterator[EventRecord | None]) -> AsyncIterator[bytes]:
+async def _frames(events: AsyncIterator[EventRecord | None],
+                  until_turn: str | None = None) -> AsyncIterator[bytes]:
+    """SSE frames of a conversation's events; they end cleanly only after `until_turn`'s terminal event.
+    Events that stop before it (the server stops; for a conversation's stream, which has no end, at
+    any time) break the stream off, so a client cannot take it for finished (§8)."""
     async for event in events:
         yield KEEP_ALIVE if event is None else sse_frame(event.name, event.data, event.seq)
+        if (until_turn is not None and event is not None and event.name in TERMINAL_EVENTS
+                and event.data.get("turn_id") == until_turn):
+            return
+    raise BrokenOff
 
 
 async def list_messages(request: Request) -> Response:

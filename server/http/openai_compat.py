@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from jsonschema.exceptions import SchemaError
@@ -35,8 +35,8 @@ from ..messages import AssistantMessage, Message, UserMessage
 from ..runtime import waits
 from ..runtime.conversations import Conversations
 from ..runtime.structured import OutputSchema
-from ..runtime.turn import CANCELLED_ERROR, ActiveTurn, TurnResult
-from .plumbing import error_response, read_json, sse_response
+from ..runtime.turn import CANCELLED_ERROR, TERMINAL_EVENTS, ActiveTurn, TurnResult
+from .plumbing import BrokenOff, error_response, read_json, sse_response
 
 
 class ChatMessage(BaseModel):
@@ -174,21 +174,27 @@ async def _chunks(events: AsyncIterator[Any], completion_id: str, created: int, 
             yield b": keep-alive\n\n"
         elif event.name == "message.delta" and not whole:
             yield frame({"content": event.data["text"]})
-        elif event.name == "turn.completed":
-            if whole:
-                yield frame({"content": event.data.get("output") or ""})
-            yield frame({}, "stop")
-            if include_usage:
-                body = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
-                        "model": model, "choices": [], "usage": _usage(event.data.get("usage", {}))}
-                yield b"data: " + json.dumps(body).encode() + b"\n\n"
-        elif event.name in ("turn.failed", "turn.cancelled"):
-            error = event.data.get("error") or CANCELLED_ERROR
-            yield b"data: " + json.dumps({"error": {**error, "type": error["code"]}}).encode() + b"\n\n"
-        elif event.name == "permission.requested":  # as the non-streaming answer: the turn waits on
-            yield _waits_on(event)                       # a person, the stream ends here
-            break
-    yield b"data: [DONE]\n\n"
+        elif event.name in TERMINAL_EVENTS or event.name == "permission.requested":
+            for chunk in _last(event, frame, whole=whole, include_usage=include_usage):
+                yield chunk
+            yield b"data: [DONE]\n\n"
+            return
+    raise BrokenOff  # the server stops before the turn's end: no [DONE], the stream is broken off (§8)
+
+
+def _last(event: Any, frame: Callable[..., bytes], *, whole: bool, include_usage: bool) -> Iterator[bytes]:
+    """The chunks that end a stream: the answer's, its error's, or the permission it waits on."""
+    if event.name == "permission.requested":  # as the non-streaming answer: the turn waits on a person
+        yield _waits_on(event)
+    elif event.name == "turn.completed":
+        if whole:
+            yield frame({"content": event.data.get("output") or ""})
+        yield frame({}, "stop")
+        if include_usage:
+            yield frame({}, choices=[], usage=_usage(event.data.get("usage", {})))
+    else:
+        error = event.data.get("error") or CANCELLED_ERROR
+        yield b"data: " + json.dumps({"error": {**error, "type": error["code"]}}).encode() + b"\n\n"
 
 
 def _waits_on(event: Any) -> bytes:

@@ -128,8 +128,29 @@ def sse_frame(name: str, data: Any, event_id: int | None = None) -> bytes:
     return f"{head}event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
+class BrokenOff(Exception):
+    """Raised by an event stream's frames that stop before the stream's end (the server stops): the
+    response is broken off, not ended (`EventStreamResponse`)."""
+
+
+class EventStreamResponse(StreamingResponse):
+    """SSE. Frames that raise `BrokenOff` break the response off: no final chunk is sent and the
+    server closes the connection (an ASGI app that returns without completing its response), so a
+    client sees an error, never a clean end, and reconnects with `Last-Event-ID` (§8)."""
+
+    async def stream_response(self, send: Any) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        try:
+            async for chunk in self.body_iterator:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except BrokenOff:
+            return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
 def sse_response(frames: AsyncIterator[bytes], metrics=None) -> StreamingResponse:
-    """Stream SSE frames; Starlette closes the generator when the client leaves."""
+    """Stream SSE frames; Starlette closes the generator when the client leaves. Frames that raise
+    `BrokenOff` break the response off (`EventStreamResponse`)."""
 
     async def body() -> AsyncIterator[bytes]:
         if metrics is not None:
@@ -142,7 +163,7 @@ def sse_response(frames: AsyncIterator[bytes], metrics=None) -> StreamingRespons
                 metrics.streams.inc(amount=-1)
 
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
+    return EventStreamResponse(body(), media_type="text/event-stream", headers=headers)
 
 
 KEEP_ALIVE = b": keep-alive\n\n"

@@ -41,6 +41,7 @@ from ..messages import Message
 from ..metrics import Metrics
 from ..store.base import ConversationRecord, EventRecord, Store, TurnRecord
 from .admission import Admission, KeyTaken, Superseded
+from .bounds import waited
 from .checkpoints import Checkpoint, checkpoint_of
 from .elsewhere import TurnsElsewhere
 from .events import EventHub
@@ -50,9 +51,8 @@ from .steering import Steering
 from .streams import EventStreams
 from .structured import MISSING, OutputSchema
 from .structured import stored as stored_structured
-from .turn import ActiveTurn, Failed, TurnResult
+from .turn import ENDED_STATUSES, ActiveTurn, Failed, TurnResult
 from .turns import TurnRunner
-from .bounds import waited
 
 log = logging.getLogger("corral.conversations")
 
@@ -60,10 +60,10 @@ log = logging.getLogger("corral.conversations")
 class Conversations:
     def __init__(self, store: Store, registry: Registry, runtime: Runtime, hub: EventHub,
                  metrics: Metrics, *, idempotency_ttl_s: float = 86_400, max_turns: int = 1000,
-                 lease_s: float = 10.0):
+                 lease_s: float = 10.0, storage_grace_s: float = 30.0):
         self.store = store
         self.registry = registry
-        self.runner = TurnRunner(store, runtime, hub, metrics)
+        self.runner = TurnRunner(store, runtime, hub, metrics, storage_grace_s=storage_grace_s)
         self.admission = Admission(store, lease_s=lease_s, max_turns=max_turns)
         self.keys = IdempotencyKeys(store, idempotency_ttl_s)
         self.streams = EventStreams(store, hub)
@@ -226,7 +226,18 @@ class Conversations:
         return await self.keys.once(
             conversation_id, idempotency_key, asked,
             start=lambda: self._start(conversation, text, if_busy, idempotency_key, asked, output),
-            stored=self._stored)
+            stored=self._found)
+
+    async def _found(self, turn: TurnRecord) -> ActiveTurn:
+        """The turn the store has under a retried request's key: one that ended, as `_stored` presents
+        it; one still running (on another replica, or resumed here), followed until it ends, as the
+        first request waits for it (§9)."""
+        if turn.status in ENDED_STATUSES:
+            return await self._stored(turn)
+        log.info("a retried request follows turn %s of conversation %s until it ends", turn.id,
+                 turn.conversation_id)
+        assert self._tg is not None
+        return await self.elsewhere.joined(turn.conversation_id, turn.id, self._tg, self._stored)
 
     async def _stored(self, turn: TurnRecord) -> ActiveTurn:
         """A turn the store holds, as one that ended (a streamed retry replays from its start)."""

@@ -21,9 +21,9 @@ from anyio.abc import TaskGroup
 
 from ..store.base import Store, TurnRecord
 from .admission import Admission
+from .bounds import waited
 from .streams import EventStreams
 from .turn import ENDED_STATUSES, ActiveTurn
-from .bounds import waited
 
 T = TypeVar("T")
 

@@ -17,7 +17,10 @@ model or a person reads names the tool as the model knows it.
 The hooks that guard a call get its execution key, as the tool does
 (`ToolContext.execution_key`); the guard says whether a call may be replayed
 as its tool does (`replay_safe`): hooks and permissions do not change what a
-second run of the tool would do.
+second run of the tool would do. Right before the tool runs (after its hooks
+and a person's answer) the turn's lease is confirmed (`TurnChannel.confirm`;
+`Hooks` confirm it before each hook runs): a replica that lost the turn
+starts none of them.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ class Guarded:
     async def call(self, arguments: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
         name = self.spec.name
         decision, reason, args = self.permission, None, dict(arguments)
-        if self.hooks is not None:
+        if self.hooks is not None:  # the hooks confirm the turn's lease before they run
             verdict = await self.hooks.run("pre_tool_use", {
                 "tool_name": self.hook_name, "tool_input": args, "tool_use_id": ctx.call_id,
             }, execution_key=ctx.execution_key)
@@ -72,6 +75,7 @@ class Guarded:
             allowed, why = await self.broker.request(ctx, name, args, reason)
             if not allowed:
                 return ToolOutput(f"permission denied for {name}: {why}", is_error=True)
+        await _confirm(ctx)  # after hooks and a person's answer: a paused replica may have lost the turn
         output = await self.tool.call(args, ctx)
         # before post_tool_use hooks see it: nothing downstream ever holds the raw value
         output = ToolOutput(self.redactor.text(output.content), is_error=output.is_error)
@@ -90,3 +94,10 @@ class Guarded:
         for note in verdict.context:
             content += f"\n\n{note}"
         return ToolOutput(content, is_error=output.is_error or verdict.decision == "deny")
+
+
+async def _confirm(ctx: ToolContext) -> None:
+    """The turn still holds its lease (raises `LeaseLost` if not): checked right before each side
+    effect, so a replica that lost the turn starts none (§9)."""
+    if ctx.channel is not None:
+        await ctx.channel.confirm()

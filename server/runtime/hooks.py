@@ -32,6 +32,10 @@ kept, a secret of its headers is unset), times out, cannot be reached or
 answers a non-2xx HTTP status gets its `on_error`: allow, or deny with a
 reason that says what failed.
 
+Before any hook runs, `confirm` (the turn's `TurnChannel.confirm`) checks
+that the turn's replica still holds it, and raises `LeaseLost` if not: a
+replica that lost the turn (paused past its lease) runs no hook of it (§9).
+
 Not responsible for what a verdict does to the turn: the agent loop decides.
 """
 
@@ -44,7 +48,7 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -136,8 +140,10 @@ class Hooks:
         files: FileVault = NO_VAULT,
         redactor: Redactor = NO_REDACTION,
         transcript: Transcript | None = None,
+        confirm: Callable[[], Awaitable[None]] | None = None,
     ):
         self.files = files
+        self.confirm = confirm  # the turn still holds its lease (raises if not): before any hook runs
         self.transcript = transcript
         self.redactor = redactor
         self.hooks = tuple(hooks)
@@ -165,6 +171,8 @@ class Hooks:
         hooks = self.matching(event, tool_name)
         if not hooks:
             return Verdict()
+        if self.confirm is not None:  # a hook is a side effect: none from a replica that lost the turn
+            await self.confirm()
         message = dict(self.base)
         if self.transcript is not None and (path := await self.transcript.refresh()) is not None:
             message["transcript_path"] = path

@@ -5,9 +5,11 @@ event goes out, the turn and its conversation show `waiting`, and the call
 resumes when `POST /v1/conversations/{id}/permissions/{request_id}` answers,
 or is denied when the request expires (or is recorded as cancelled when its
 turn ends first). Every request and decision is kept (who, when, what) as an
-audit trail. The decision may reach any replica: the store records it, and
-when the waiting call runs elsewhere a "permission" notice tells that
-replica to read it (`on_notice`).
+audit trail. The decision may reach any replica: the store records it, and a
+"permission" notice tells every replica to read it (`on_notice`), so it
+reaches the call wherever its turn runs now, also a turn that moved from
+the replica that received it. A turn that takes over after the decision
+finds it recorded (`request`).
 """
 
 from __future__ import annotations
@@ -105,7 +107,11 @@ class PermissionBroker:
         if waiter is not None:
             waiter.allowed = allow
             waiter.answered.set()
-        else:  # the call waits on another replica (or nowhere any more: then nobody listens)
+        if not self.store.embedded:
+            # Every replica is told, the one waiting here too: a call waiting here may belong to a turn
+            # another replica has taken over meanwhile (this one paused past its lease), whose new
+            # owner waits on the same request; this replica's stale call finds its lease gone before
+            # it acts on the answer (`TurnChannel.confirm`).
             await self.store.notify({"t": "permission", "id": request_id})
         updated = await self.store.get_permission(request_id)
         assert updated is not None

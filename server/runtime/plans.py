@@ -179,7 +179,8 @@ class Runtime:
         base = {"session_id": context.conversation_id, "cwd": str(closure.root),
                 "corral": {"agent": context.agent, "digest": context.digest, "turn_id": context.turn_id}}
         return Hooks(found, root=closure.root, http=self.http, environ=self.environ, base=base,
-                     files=self.files, redactor=self.secrets.redactor, transcript=transcript)
+                     files=self.files, redactor=self.secrets.redactor, transcript=transcript,
+                     confirm=context.channel.confirm if context.channel is not None else None)
 
     def transcript(self, conversation_id: str, messages: History) -> Transcript | None:
         """The file hooks read the conversation so far from (None when there is no state directory)."""

@@ -10,7 +10,8 @@ status, the conversation released). A turn ends in exactly one
 of `turn.completed`, `turn.failed` (with the error envelope) or
 `turn.cancelled`; `finish` writes that ending even when the turn was
 cancelled, under a shield. Nothing a turn raises escapes it: a storage
-failure fails the turn with `storage_error`, a bug with `internal`. An
+failure fails the turn with `storage_error` (a store that cannot be reached
+is tried again for the storage grace first, `patience`), a bug with `internal`. An
 ending the store could not take is kept (`ActiveTurn.ending`, so the waiting
 client still gets it) and written once the store is writable again
 (`record_unrecorded`).
@@ -22,7 +23,7 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 from anyio.abc import TaskGroup
@@ -36,6 +37,7 @@ from .budgets import Spending
 from .checkpoints import Checkpoint
 from .context import Contexts
 from .loop import Append, Done, Emit, Spent, run_turn
+from .patience import PatientStore
 from .turn import ActiveTurn, Completed, Ending, Failed, HandOff, ending_of
 
 if TYPE_CHECKING:
@@ -48,8 +50,10 @@ log = logging.getLogger("corral.turns")
 
 
 class TurnRunner:
-    def __init__(self, store: Store, runtime: Runtime, hub: EventHub, metrics: Metrics):
-        self.store = store
+    def __init__(self, store: Store, runtime: Runtime, hub: EventHub, metrics: Metrics, *,
+                 storage_grace_s: float = 30.0):
+        # a turn outlasts a short outage of the store (§7): it retries what it could not write
+        self.store = cast("Store", PatientStore(store, storage_grace_s))
         self.runtime = runtime
         self.hub = hub
         self.metrics = metrics
@@ -330,7 +334,7 @@ class Journal:
 
 
 class _Channel:
-    """A turn's way back from its tool calls: events, and the waiting status."""
+    """A turn's way back from its tool calls: events, the waiting status, and its lease."""
 
     def __init__(self, runner: TurnRunner, conversation_id: str, active: ActiveTurn, journal: Journal):
         self.runner = runner
@@ -348,6 +352,21 @@ class _Channel:
         await self.runner.store.update_turn(self.turn_id, status="waiting" if on else "running",
                                             fence=self.active.fence)
         await self.runner.set_status(self.conversation_id, "waiting" if on else "busy")
+
+    async def confirm(self) -> None:
+        """Right before a side effect (a tool call, a hook, acting on a permission decision): raise
+        `LeaseLost` unless this replica still holds the turn under its fence (§9). Fenced writes
+        alone would let a replica paused past its lease run a tool before its next write finds out
+        that another replica took the turn over (and recorded that call's outcome as unknown). One
+        process on the embedded store holds every turn it runs: nothing to ask."""
+        store, fence = self.runner.store, self.active.fence
+        if store.embedded or fence is None:
+            return
+        holder = await store.holder(self.conversation_id)
+        if holder is None or (holder.turn_id, holder.replica, holder.fence) != (self.turn_id, store.replica,
+                                                                                fence):
+            raise LeaseLost(f"turn {self.turn_id} no longer holds conversation {self.conversation_id}"
+                            f" under fence {fence}")
 
 
 class Transcripts:

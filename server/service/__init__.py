@@ -155,7 +155,8 @@ def _assemble(settings: Settings, compiler: Compiler, definitions: DefinitionSet
                       transcripts=settings.state_dir / "transcripts")
     conversations = Conversations(store, registry, runtime, hub, metrics,
                                   idempotency_ttl_s=settings.idempotency_ttl_s,
-                                  max_turns=settings.max_concurrent_turns, lease_s=settings.lease_s)
+                                  max_turns=settings.max_concurrent_turns, lease_s=settings.lease_s,
+                                  storage_grace_s=settings.storage_grace_s)
     # a swap report's busy turns are every replica's: the store knows them all
     swapper = Swapper(compiler, registry, store.running_turns, store, hub.publish_global, metrics,
                       locked=settings.locked, replica=store.replica)

@@ -334,7 +334,8 @@ class Store(Protocol):
 
     # replicas (GET /v1/replicas)
     async def heartbeat(self, replica: ReplicaRecord) -> None: ...  # insert or update by id
-    async def list_replicas(self, since: float) -> list[ReplicaRecord]: ...  # heartbeat >= since, by id
+    # heartbeat >= since, by id; running_turns counts the turns each holds now, not its heartbeat's
+    async def list_replicas(self, since: float) -> list[ReplicaRecord]: ...
     async def remove_replica(self, replica_id: str) -> None: ...
 
     # files definitions point to, content-addressed (what a pin on another replica runs)

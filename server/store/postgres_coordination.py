@@ -288,9 +288,12 @@ class CoordinationTables(PostgresBase):
             r.id, r.started_at, r.heartbeat_at, r.set_digest, r.running_turns)
 
     async def list_replicas(self, since: float) -> list[ReplicaRecord]:
+        # running_turns: the turns each holds now (not its last heartbeat's count, which a dead
+        # replica's row keeps after its turns were taken over)
         rows = await self._read(
-            "SELECT id, started_at, heartbeat_at, set_digest, running_turns FROM replicas"
-            " WHERE heartbeat_at >= $1 ORDER BY id", since)
+            "SELECT r.id, r.started_at, r.heartbeat_at, r.set_digest, (SELECT count(*) FROM conversations c"
+            " WHERE c.holder_replica = r.id AND c.holder_turn LIKE 'turn\\_%')::int AS running_turns"
+            " FROM replicas r WHERE r.heartbeat_at >= $1 ORDER BY r.id", since)
         return [ReplicaRecord(**dict(row)) for row in rows]
 
     async def remove_replica(self, replica_id: str) -> None:

@@ -12,7 +12,9 @@ caller's bug and stays asyncpg's exception, as SQLite's `IntegrityError`
 does. Anything else (the server unreachable, a connection lost, a disk full,
 a read-only server, a time-out) tells `on_failure` and raises
 `StorageError`, whose message names the error's class and SQLSTATE only:
-never the URL, a password or a value.
+never the URL, a password or a value; `StoreUnreachable` when the server
+could not be reached (lost or refused connections, a server shutting down
+or starting up), which a running turn retries.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 import asyncpg
 
 from ..canonical import thaw
-from ..errors import LeaseLost, StorageError
+from ..errors import LeaseLost, StorageError, StoreUnreachable
 from .stats import StoreStats
 
 CHANNEL = "corral"  # the LISTEN/NOTIFY channel every replica of one database shares
@@ -52,6 +54,20 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, asyncpg.PostgresError):
         return f"the store could not commit: PostgreSQL error {exc.sqlstate} ({type(exc).__name__})"
     return f"the store could not commit: the connection to PostgreSQL failed ({type(exc).__name__})"
+
+
+# The server went away or is not there yet (restarting, failing over): a statement may succeed on a
+# new connection once it is back. A statement time-out is not one of these: it may still commit.
+_UNREACHABLE = (asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError, asyncpg.AdminShutdownError,
+                asyncpg.CrashShutdownError, ConnectionError)
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether a failure means the server could not be reached (see `StoreUnreachable`)."""
+    if isinstance(exc, _UNREACHABLE):
+        return True
+    # any other socket error (refused, reset, unreachable); a time-out may be a slow statement that commits
+    return isinstance(exc, OSError) and not isinstance(exc, TimeoutError)
 
 
 def lease_lost(turn_id: str, conversation_id: str | None, fence: int) -> LeaseLost:
@@ -104,6 +120,8 @@ class PostgresBase:
             # OSError covers refused and reset connections and time-outs (TimeoutError is one); an
             # InternalClientError, a connection left mid-operation by a lost server
             self.on_failure(exc)
+            if unreachable(exc):
+                raise StoreUnreachable(describe(exc)) from None
             raise StorageError(describe(exc)) from None
 
     async def _read(self, sql: str, *args: Any) -> list[asyncpg.Record]:

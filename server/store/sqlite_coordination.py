@@ -162,7 +162,11 @@ class CoordinationTables:
                 (r.id, r.started_at, r.heartbeat_at, r.set_digest, r.running_turns))
 
     async def list_replicas(self, since: float) -> list[ReplicaRecord]:
-        rows = self._db.execute("SELECT * FROM replicas WHERE heartbeat_at >= ? ORDER BY id", (since,))
+        # running_turns: the turns it holds now (as the PostgreSQL store counts them)
+        rows = self._db.execute(
+            "SELECT r.id, r.started_at, r.heartbeat_at, r.set_digest, (SELECT count(*) FROM conversations c"
+            " WHERE c.holder_replica = r.id AND c.holder_turn LIKE 'turn\\_%' ESCAPE '\\') AS running_turns"
+            " FROM replicas r WHERE r.heartbeat_at >= ? ORDER BY r.id", (since,))
         return [ReplicaRecord(**dict(row)) for row in rows]
 
     async def remove_replica(self, replica_id: str) -> None:

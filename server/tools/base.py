@@ -42,6 +42,7 @@ class TurnChannel(Protocol):
 
     async def emit(self, name: str, data: dict[str, Any]) -> None: ...
     async def waiting(self, on: bool) -> None: ...  # the turn waits on a person, or no longer
+    async def confirm(self) -> None: ...  # right before a side effect: raises LeaseLost if taken over
 
 
 @dataclass(frozen=True)

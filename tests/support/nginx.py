@@ -1,6 +1,6 @@
 """A real nginx (Debian's) as a plain round-robin reverse proxy in front of Corral replicas.
 
-    with NginxProxy(["http://127.0.0.1:8421", "http://127.0.0.1:8422"]) as proxy:
+    with NginxProxy(["http://127.0.0.1:8431", "http://127.0.0.1:8432"]) as proxy:
         httpx.get(proxy.url + "/healthz")     # served by one replica, the next request by the other
     proxy.access_log()                        # one line a request, each naming the replica (upstream=)
 
@@ -32,8 +32,8 @@ from tests.support.servers import REPO
 
 TEMPLATE = REPO / "examples" / "nginx" / "corral.conf"
 CANDIDATES = ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx")
-LISTEN = re.compile(r"^(\s*listen\s+)127\.0\.0\.1:8420(;)", re.MULTILINE)
-UPSTREAM_SERVER = re.compile(r"^(\s*)server\s+127\.0\.0\.1:842[12]\b([^;]*);\n", re.MULTILINE)
+LISTEN = re.compile(r"^(\s*listen\s+)127\.0\.0\.1:8430(;)", re.MULTILINE)
+UPSTREAM_SERVER = re.compile(r"^(\s*)server\s+127\.0\.0\.1:843[12]\b([^;]*);\n", re.MULTILINE)
 
 
 def nginx_binary() -> str:
@@ -54,7 +54,7 @@ def render(template: str, port: int, upstreams: Sequence[str]) -> str:
     text, listens = LISTEN.subn(rf"\g<1>127.0.0.1:{port}\g<2>", template)
     servers = list(UPSTREAM_SERVER.finditer(text))
     if listens != 1 or len(servers) != 2:
-        raise ValueError(f"{TEMPLATE} no longer has one `listen 127.0.0.1:8420;` and two upstream servers")
+        raise ValueError(f"{TEMPLATE} no longer has one `listen 127.0.0.1:8430;` and two upstream servers")
     indent, options = servers[0].group(1), servers[0].group(2)
     lines = "".join(f"{indent}server {_address(u)}{options};\n" for u in upstreams)
     return text[:servers[0].start()] + lines + text[servers[-1].end():]

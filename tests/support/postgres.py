@@ -4,6 +4,7 @@
     server.start()                 # initdb in a temporary directory, a free 127.0.0.1 port
     url = server.create_database() # postgresql://postgres@127.0.0.1:PORT/corral_...
     server.drop_database(url)
+    server.halt(); server.resume() # a restart: connections cut, data kept, the same port
     server.stop()                  # fast shutdown, directory removed
 
     def test_something(postgres_url): ...   # a fresh database per test, one server per session
@@ -132,6 +133,16 @@ class PostgresServer:
                 return
             if attempt == 4:
                 self._check(result, "pg_ctl start")
+
+    def halt(self) -> None:
+        """Stop the server (fast shutdown: connections are cut), keeping its data, as a restart does."""
+        self._check(self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "-t", "30", "stop",
+                              server=True), "pg_ctl stop")
+
+    def resume(self) -> None:
+        """Start a halted server again, on the same port."""
+        self._check(self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"),
+                              "-w", "-t", "60", "start", server=True, timeout=90), "pg_ctl start")
 
     def stop(self) -> None:
         if self.root is None:
