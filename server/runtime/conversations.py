@@ -174,7 +174,7 @@ class Conversations:
                    title: str | None = None) -> ConversationRecord:
         """A new conversation holding the transcript up to (not including) `before_turn_id`, or all of it.
 
-        Only turns that ended are copied (a running turn's messages are not), and no turn or event:
+        Only turns that ended are shared (a running turn's messages are not), and no turn or event:
         the fork starts with an empty event log (see `Store.fork_conversation`). It runs on `agent`
         (any reference, resolved as at creation), else on the source's reference as it was asked
         for (a pinned source's fork stays pinned); it keeps the source's metadata, and its title
@@ -433,8 +433,7 @@ class Conversations:
         return stored_structured(closure.agent, record.output)
 
     async def _turn_messages(self, turn: TurnRecord) -> list[Message]:
-        records = await self.store.list_messages(turn.conversation_id, limit=100_000)
-        return [r.message for r in records if r.turn_id == turn.id]
+        return [r.message for r in await self.store.turn_messages(turn.conversation_id, turn.id)]
 
     def events(self, conversation_id: str, after: int = 0,
                until_turn: str | None = None) -> AsyncIterator[EventRecord | None]:
