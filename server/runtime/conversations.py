@@ -208,6 +208,16 @@ class Conversations:
                                    details={"turn_id": holder.turn_id})
         if not await self.store.delete_conversation(conversation_id):
             raise ConversationNotFound(f"no conversation {conversation_id!r}")
+        await self.forget(conversation_id)
+        try:  # the other replicas' hooks may have a transcript file of it too
+            await self.store.notify({"t": "deleted", "c": conversation_id})
+        except StorageError as exc:  # it is deleted all the same: a file left behind is all that is lost
+            log.warning("replicas were not told conversation %s was deleted: %s", conversation_id, exc)
+
+    async def forget(self, conversation_id: str) -> None:
+        """Remove what this replica keeps of a deleted conversation outside the store: the transcript
+        file hooks read (`transcript_path`)."""
+        await self.runner.runtime.forget_transcript(conversation_id)
 
     # --- turns ---------------------------------------------------------------
 
