@@ -69,6 +69,9 @@ async def test_forks_of_a_large_transcript_cost_no_copy_and_go_on_apart(client, 
     for each in forks:
         assert await each.messages() == transcript  # seq, turn, time and body: the source's own
     assert await cut.messages() == transcript[:4]
+    # what the next model request of each would carry (estimated, about four characters a token)
+    used = [(await client.get(f"{c.path}/context")).json()["used"] for c in (forks[0], cut)]
+    assert used[0] >= 6 * len(BIG) // 4 and 4 * len(BIG) // 4 <= used[1] < used[0], used
 
     # each goes on by itself: its own turns are numbered after what it shares, and no one else sees them
     assert (await forks[0].say("fork says"))["output"] == "v1: fork says"
