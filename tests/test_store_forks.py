@@ -10,6 +10,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import replace
 
+import anyio
 import asyncpg
 import pytest
 
@@ -225,3 +226,33 @@ async def test_postgres_forks_made_by_copying_share_once_migrated(postgres_url):
         await _check_shared(s)
     finally:
         await s.close()
+
+
+async def test_forks_and_deletes_at_once_leave_every_fork_whole(store, other):
+    """A fork racing its source's delete, and a fork's delete racing its source's: whichever wins,
+    every fork that exists reads its whole transcript (two replicas, so two connections on PostgreSQL)."""
+    for n in range(8):
+        await conversations(store, f"s{n}")
+        await _turns(store, f"s{n}", f"t{n}a", f"t{n}b")
+        await store.fork_conversation(f"s{n}", _new(f"m{n}", f"s{n}"), None)  # shares 4
+        await _turns(store, f"m{n}", f"u{n}", start=10.0)
+        await store.fork_conversation(f"m{n}", _new(f"k{n}", f"m{n}"), None)  # shares 6, from m
+        expected = await _transcript(store, f"k{n}")
+        forked: list[bool] = []
+
+        async def fork_it(n=n, forked=forked) -> None:
+            forked.append(await other.fork_conversation(f"s{n}", _new(f"x{n}", f"s{n}"), None))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(store.delete_conversation, f"s{n}")
+            tg.start_soon(other.delete_conversation, f"m{n}")
+            tg.start_soon(fork_it)
+        assert await _transcript(store, f"k{n}") == expected
+        if forked == [True]:
+            assert await _transcript(store, f"x{n}") == expected[:4]
+        else:
+            assert await store.get_conversation(f"x{n}") is None
+    for n in range(8):
+        for cid in (f"k{n}", f"x{n}"):
+            await store.delete_conversation(cid)
+    assert await message_rows(store) == 0
