@@ -175,6 +175,12 @@ async def _check_shared(s: Store) -> None:
     assert await message_rows(s) == 4 + 1 + 2  # c1's, f1's own, the orphan's (its source is gone)
     await s.append_messages("f1", "u2", [UserMessage(content="next")], now=10.0)
     assert (await s.list_messages("f1"))[-1].seq == 6
+    # f2 shares less from f1 than f1 shares from c1: deleting f1, then c1, leaves it its two
+    assert await s.delete_conversation("f1") is True
+    assert [r.message.content for r in await s.list_messages("f2")] == ["m1", "m2"]
+    assert await s.delete_conversation("c1") is True
+    assert [r.message.content for r in await s.list_messages("f2")] == ["m1", "m2"]
+    assert await message_rows(s) == 2 + 2
 
 
 async def test_sqlite_forks_made_by_copying_share_once_migrated(tmp_path):

@@ -72,3 +72,11 @@ def fork_base(chain: Sequence[tuple[str, str | None, int]], point: int) -> tuple
         if point > upto:
             return conversation_id, point
     raise AssertionError("the chain's last link shares nothing: it holds every seq above 0")
+
+
+def heir_place(shares_from: str | None, shared_upto: int, heir_upto: int) -> tuple[str | None, int]:
+    """Where the heir of a deleted conversation (which shared `shares_from` up to `shared_upto`) shares
+    from once it holds the rows it shared from it (those up to `heir_upto`): the deleted one's place,
+    unless the heir shared less than that (a fork made before forks shared can), then only its own."""
+    upto = min(shared_upto, heir_upto)
+    return (shares_from if upto > 0 else None), upto

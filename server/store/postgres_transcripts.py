@@ -25,7 +25,7 @@ import asyncpg
 
 from ..messages import message_from_json
 from .base import ConversationRecord, MessageRecord
-from .forks import CHAIN_LIMIT, chain_sql, fork_base
+from .forks import CHAIN_LIMIT, chain_sql, fork_base, heir_place
 from .postgres_pool import PostgresBase, Transaction, dumps
 from .postgres_rows import CONVERSATION_COLUMNS
 
@@ -111,7 +111,7 @@ class TranscriptTables(PostgresBase):
                 await tx.execute("UPDATE messages SET conversation_id = $1 WHERE conversation_id = $2"
                                  " AND seq <= $3", heir, conversation_id, upto)
                 await tx.execute("UPDATE conversations SET shares_from = $2, shared_upto = $3 WHERE id = $1",
-                                 heir, me[0], me[1])
+                                 heir, *heir_place(me[0], me[1], upto))
                 await tx.execute("UPDATE conversations SET shares_from = $1 WHERE shares_from = $2",
                                  heir, conversation_id)
             await tx.execute("DELETE FROM conversations WHERE id = $1", conversation_id)

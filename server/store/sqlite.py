@@ -15,8 +15,9 @@ to `busy_timeout` (5 s); one server per file is the intended use.
 One connection in autocommit mode (`isolation_level=None`). Every method that
 writes wraps its statements in BEGIN IMMEDIATE ... COMMIT: all or nothing, and
 the write lock is taken up front, so a read never has to be upgraded. Sequence
-numbers are MAX(seq) + 1 inside that transaction: strictly increasing within
-a conversation, without gaps or duplicates.
+numbers are MAX(seq) + 1 inside that transaction (a fork's messages: after those
+it shares, see `forks`): strictly increasing within a conversation, without
+gaps or duplicates.
 
 Durability: WAL with synchronous=NORMAL keeps every committed transaction
 across a crash of the process; a power cut may lose the last few before a

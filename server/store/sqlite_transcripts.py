@@ -15,7 +15,7 @@ from typing import Any
 
 from ..messages import message_from_json
 from .base import ConversationRecord, MessageRecord
-from .forks import chain_sql, fork_base, segments
+from .forks import chain_sql, fork_base, heir_place, segments
 
 _CHAIN = chain_sql("?")
 _ROWS = ("SELECT seq, turn_id, body, created_at FROM messages WHERE conversation_id = ? AND seq > ?"
@@ -24,7 +24,8 @@ _NO_BOUND = 2**63 - 1
 
 
 def chain_of(db: sqlite3.Connection, conversation_id: str) -> list[tuple[str, str | None, int]]:
-    return [tuple(row) for row in db.execute(_CHAIN, (conversation_id,))]  # type: ignore[misc]
+    """The conversation's row, then the one it shares from, and so on up (see `forks`)."""
+    return [(row[0], row[1], row[2]) for row in db.execute(_CHAIN, (conversation_id,))]
 
 
 def last_seq(db: sqlite3.Connection, conversation_id: str) -> int:
@@ -110,7 +111,7 @@ class TranscriptTables:
                 db.execute("UPDATE messages SET conversation_id = ? WHERE conversation_id = ? AND seq <= ?",
                            (heir[0], conversation_id, heir[1]))
                 db.execute("UPDATE conversations SET shares_from = ?, shared_upto = ? WHERE id = ?",
-                           (me[0], me[1], heir[0]))
+                           (*heir_place(me[0], me[1], heir[1]), heir[0]))
                 db.execute("UPDATE conversations SET shares_from = ? WHERE shares_from = ?",
                            (heir[0], conversation_id))
             db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
