@@ -18,13 +18,16 @@ turn it leaves out (a turn still running, or the cut turn and those after):
 a conversation's turns run one at a time, so what a fork leaves out is the
 end of the transcript. Its row points at the link of the chain that holds
 that message (not at the source when the source's own rows start later), so
-a fork of a fork that added nothing adds no link.
+a fork of a fork that added nothing adds no link. A chain is as long as the
+line of forks that each added messages before being forked again.
 
 Deleting a conversation that forks share from hands its rows to the fork
 that needs the most of them (`UPDATE` of their conversation id: nothing is
 copied, the storage does not grow), which takes over its place in the chain
 (its `shares_from`, `shared_upto`); the other forks then share from that one.
-The rows no fork needs go with the conversation. The alternatives were worse:
+The rows no fork needs go with the conversation. The price is that the
+hand-over rewrites each handed row once (the delete of a conversation with
+forks writes what they share). The alternatives were worse:
 copying the prefix into each fork on delete costs what forking must not, and
 keeping a deleted conversation's row as a tombstone would make every read of
 conversations (lists, admission, recovery) tell the tombstones apart.
