@@ -337,6 +337,26 @@ async def test_truncate_drops_the_oldest_turns_when_cutting_is_not_enough(client
     assert len(await c.messages()) == 6
 
 
+async def test_a_fork_compacts_the_transcript_it_shares_on_its_own(client: httpx.AsyncClient,
+                                                                    fakes: Fakes) -> None:
+    fake = fakes.openai
+    fake.script(Reply(text="one"), Reply(text="two"), Reply(text="three"))
+    source = await Conversation.create(client, "truncating")
+    await say(source, "first " + BIG)
+    await say(source, "second " + BIG)
+    r = await client.post(f"{source.path}/fork", json={})
+    assert r.status_code == 201, r.text
+    fork = Conversation(client, r.json())
+    third = await say(fork, "third " + MEDIUM)  # its source's messages (shared, not copied) are the history
+    note = "[2 earlier messages of this conversation were left out to fit the context window]"
+    assert openai_texts(fake.requests[2])[1:] == [("user", note), ("user", "second " + BIG),
+                                                  ("assistant", "two"), ("user", "third " + MEDIUM)]
+    [event] = await compacted_events(fork, third["turn_id"])
+    assert event.data["messages"] == 2
+    assert (await context(fork))["compactions"] == 1 and (await context(source))["compactions"] == 0
+    assert len(await fork.messages()) == 6 and len(await source.messages()) == 4
+
+
 # --- what cannot fit ------------------------------------------------------------------------------
 
 

@@ -102,6 +102,19 @@ EXTRA = {
         model: m_ask
         tools: [guarded]
     """,
+    # an agent with a hook: each replica that runs its turns keeps a transcript file of the conversation
+    "hooked.yaml": """
+        kind: Hook
+        name: stop_reader
+        event: Stop
+        command: [python3, -c, "import sys; sys.stdin.read()"]
+        ---
+        kind: Agent
+        name: hooked
+        description: Has a hook, so hooks get a transcript_path.
+        model: scripted
+        hooks: [stop_reader]
+    """,
     # the agent of the MCP case: no other case runs it, so its turn counts are the MCP calls'
     "relay.yaml": """
         kind: Agent
@@ -682,6 +695,21 @@ async def test_mcp_through_nginx_in_front_of_two_replicas(cluster: Cluster, trio
     messages = await Conversation(c, {"id": conversation}).messages()
     said = [m["content"] for m in messages if m["role"] == "user"]
     assert said == ["one", *words]
+
+
+async def test_deleting_a_conversation_removes_its_transcript_file_on_every_replica(
+        cluster: Cluster, trio) -> None:
+    a, b, c = trio
+    conversation = await Conversation.create(a, "hooked")
+    files = [cluster.root / f"state-{name}" / "transcripts" / f"{conversation.id}.jsonl" for name in "ab"]
+    for client in (a, b):  # a turn on each: each writes the file its hook reads
+        assert (await conversation.through(client).say("hello"))["output"] == "echo: hello"
+    assert all(f.is_file() for f in files)
+    r = await c.delete(conversation.path)
+    assert r.status_code == 204, r.text
+    with anyio.fail_after(15):  # the others hear of it from the notice c sends
+        while any(f.exists() for f in files):
+            await anyio.sleep(0.02)
 
 
 async def test_steer_through_another_replica_reaches_the_running_turn(trio, tmp_path: Path) -> None:

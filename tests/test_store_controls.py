@@ -80,12 +80,12 @@ async def _transcript(store, cid: str) -> list[tuple[int, str, str, float]]:
     return [(r.seq, r.turn_id, r.message.content, r.created_at) for r in await store.list_messages(cid)]
 
 
-async def test_fork_copies_the_ended_turns_messages_and_nothing_else(store):
+async def test_fork_holds_the_ended_turns_messages_and_nothing_else(store):
     await _three_turns(store)
     new = _new("f1", "c1", None)
     assert await store.fork_conversation("c1", new, None) is True
     assert await store.get_conversation("f1") == new
-    # renumbered from 1, each keeping its source turn and time; the running turn's message is left out
+    # numbered from 1, each keeping its source turn and time; the running turn's message is left out
     assert await _transcript(store, "f1") == [(1, "t1", "q1", 1.0), (2, "t1", "a1", 1.0),
                                               (3, "t2", "q2", 2.0), (4, "t2", "a2", 2.0)]
     assert await store.list_turns("f1") == [] and await store.list_events("f1") == []
@@ -97,7 +97,7 @@ async def test_fork_copies_the_ended_turns_messages_and_nothing_else(store):
     assert len(await store.list_events("c1")) == 3
 
 
-async def test_fork_before_a_turn_copies_only_the_turns_before_it(store):
+async def test_fork_before_a_turn_holds_only_the_turns_before_it(store):
     await _three_turns(store)
     assert await store.fork_conversation("c1", _new("f2", "c1", "t2"), "t2") is True
     assert await _transcript(store, "f2") == [(1, "t1", "q1", 1.0), (2, "t1", "a1", 1.0)]
@@ -127,7 +127,7 @@ async def test_a_fork_outlives_its_source_and_a_fork_of_a_fork_keeps_its_own_ori
     assert await store.delete_conversation("c1")
     assert (await other.get_conversation("f1")).forked_from == {"conversation_id": "c1", "turn_id": None}
     assert len(await other.list_messages("f1")) == 5
-    # a fork of a fork: what f1 holds from c1 (naming c1's turns, gone now) is copied too; cut before
+    # a fork of a fork: what f1 holds from c1 (naming c1's turns, gone now) is shared too; cut before
     # a turn of f1's own, that turn and what follows are left out
     await other.begin_turn(turn("t5", "f1", started_at=80.0), ("turn.started", {}), 80.0)
     await other.append_messages("f1", "t5", [UserMessage(content="own")], now=80.0)

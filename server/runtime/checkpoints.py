@@ -35,9 +35,9 @@ class Checkpoint:
 
 async def checkpoint_of(store: Store, turn: TurnRecord) -> Checkpoint:
     """Read the turn's checkpoint (a resumed turn's one-off cost: the transcript and the events)."""
-    records = await store.list_messages(turn.conversation_id, limit=1_000_000)
-    history = tuple(r.message for r in records if r.turn_id != turn.id)
-    messages = tuple(r.message for r in records if r.turn_id == turn.id)
+    own = await store.turn_messages(turn.conversation_id, turn.id)
+    history = await _history(store, turn.conversation_id, own[0].seq if own else None)
+    messages = tuple(r.message for r in own)
     started: set[str] = set()
     finished: set[str] = set()
     started_seq = 0
@@ -62,3 +62,19 @@ async def checkpoint_of(store: Store, turn: TurnRecord) -> Checkpoint:
                       unknown=frozenset(started - finished - held_back), started_seq=started_seq,
                       usage=Usage(int(turn.usage.get("input_tokens") or 0),
                                   int(turn.usage.get("output_tokens") or 0)))
+
+
+async def _history(store: Store, conversation_id: str, before: int | None) -> tuple[Message, ...]:
+    """The transcript before seq `before` (None: all of it), page by page: a conversation's turns run
+    one at a time, so what precedes a turn's first message is what it had as history."""
+    history: list[Message] = []
+    after = 0
+    while True:
+        page = await store.list_messages(conversation_id, after=after, limit=1000)
+        for record in page:
+            if before is not None and record.seq >= before:
+                return tuple(history)
+            history.append(record.message)
+            after = record.seq
+        if len(page) < 1000:
+            return tuple(history)

@@ -34,6 +34,7 @@ from ..errors import (
     CorralError,
     IdempotencyKeyReused,
     RequestError,
+    StorageError,
     TurnNotFound,
 )
 from ..ids import new_id
@@ -165,7 +166,7 @@ class Conversations:
                    title: str | None = None) -> ConversationRecord:
         """A new conversation holding the transcript up to (not including) `before_turn_id`, or all of it.
 
-        Only turns that ended are copied (a running turn's messages are not), and no turn or event:
+        Only turns that ended are shared (a running turn's messages are not), and no turn or event:
         the fork starts with an empty event log (see `Store.fork_conversation`). It runs on `agent`
         (any reference, resolved as at creation), else on the source's reference as it was asked
         for (a pinned source's fork stays pinned); it keeps the source's metadata, and its title
@@ -199,6 +200,16 @@ class Conversations:
                                    details={"turn_id": holder.turn_id})
         if not await self.store.delete_conversation(conversation_id):
             raise ConversationNotFound(f"no conversation {conversation_id!r}")
+        await self.forget(conversation_id)
+        try:  # the other replicas' hooks may have a transcript file of it too
+            await self.store.notify({"t": "deleted", "c": conversation_id})
+        except StorageError as exc:  # it is deleted all the same: a file left behind is all that is lost
+            log.warning("replicas were not told conversation %s was deleted: %s", conversation_id, exc)
+
+    async def forget(self, conversation_id: str) -> None:
+        """Remove what this replica keeps of a deleted conversation outside the store: the transcript
+        file hooks read (`transcript_path`)."""
+        await self.runner.runtime.forget_transcript(conversation_id)
 
     # --- turns ---------------------------------------------------------------
 
@@ -393,8 +404,7 @@ class Conversations:
         return stored_structured(closure.agent, record.output)
 
     async def _turn_messages(self, turn: TurnRecord) -> list[Message]:
-        records = await self.store.list_messages(turn.conversation_id, limit=100_000)
-        return [r.message for r in records if r.turn_id == turn.id]
+        return [r.message for r in await self.store.turn_messages(turn.conversation_id, turn.id)]
 
     def events(self, conversation_id: str, after: int = 0,
                until_turn: str | None = None) -> AsyncIterator[EventRecord | None]:

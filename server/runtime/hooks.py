@@ -113,6 +113,13 @@ class Transcript:
         self._written = len(messages)
         return str(self.path)
 
+    async def remove(self) -> None:
+        """Delete the file (its conversation was deleted); logged if it cannot be."""
+        try:
+            await anyio.to_thread.run_sync(lambda: self.path.unlink(missing_ok=True))
+        except OSError as exc:
+            log.warning("could not remove the transcript %s: %s", self.path, exc.strerror or exc)
+
     def _write(self, messages: Sequence[Message]) -> None:
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{secrets.token_hex(6)}.tmp")

@@ -190,6 +190,12 @@ class Runtime:
 
         return Transcript.of(self.transcripts, conversation_id, messages)
 
+    async def forget_transcript(self, conversation_id: str) -> None:
+        """Remove the file hooks read the conversation from: the conversation was deleted."""
+        transcript = self.transcript(conversation_id, tuple)
+        if transcript is not None:
+            await transcript.remove()
+
     # --- plans ---------------------------------------------------------------
 
     async def plan(self, closure: Closure, history: tuple[Message, ...], text: str,

@@ -195,6 +195,9 @@ class Replica:
     async def _steer(self, notice: Notice) -> None:
         self.conversations.on_notice(notice)
 
+    async def _deleted(self, notice: Notice) -> None:
+        await self.conversations.forget(str(notice["c"]))
+
     async def _resync(self, notice: Notice) -> None:
         self.hub.poke_all()
         self.admission.on_notice(notice)
@@ -204,4 +207,5 @@ class Replica:
     _HANDLERS: dict[str, Callable[[Replica, Notice], Awaitable[None]]] = {
         "event": _event, "status": _status, "queue": _queue, "cancel": _queue, "permission": _permission,
         "swap": _swap, "reload": _reload, "resync": _resync, "handoff": _handoff, "steer": _steer,
+        "deleted": _deleted,
     }

@@ -234,15 +234,17 @@ class Store(Protocol):
     # returns whether the conversation exists (nothing given: nothing written)
     async def fork_conversation(self, source_id: str, new: ConversationRecord,
                                 before_turn_id: str | None) -> bool: ...
-    # ^ one transaction: `new` (its `forked_from` as given) and a copy of the source's transcript
-    # without the messages of its turns that have not ended (running, waiting) and, with
-    # `before_turn_id`, of that turn and those started after it (by (started_at, id)); messages the
-    # source holds from its own fork name no turn of it and are always copied. The copies are
-    # numbered from 1 in their order and keep their body, `created_at` and `turn_id` (the turn they
-    # were written in, so the history still groups by turn); no turn, event, queue entry or
-    # permission is copied: a fork starts with no turns of its own and an empty event log. Returns
-    # False, writing nothing, when the source does not exist or `before_turn_id` is not its turn
+    # ^ one transaction: `new` (its `forked_from` as given), sharing the source's transcript up to the
+    # fork point (no message is copied: `forks`): the messages before the first message of the source's
+    # turns that have not ended (running, waiting) and, with `before_turn_id`, of that turn and those
+    # started after it (by (started_at, id)); messages the source holds from its own fork name no turn
+    # of it and are always kept. They keep their seq (numbered from 1), body, `created_at` and
+    # `turn_id` (the turn they were written in, so the history still groups by turn); no turn, event,
+    # queue entry or permission goes with them: a fork starts with no turns of its own and an empty
+    # event log, and its own messages are numbered after the shared ones. Returns False, writing
+    # nothing, when the source does not exist or `before_turn_id` is not its turn
     async def delete_conversation(self, conversation_id: str) -> bool: ...  # with its turns, messages, events
+    # ^ forks sharing its messages keep them (they pass to one fork: `forks`)
     async def set_conversation_status(self, conversation_id: str, status: str, now: float) -> None: ...
 
     # turns
@@ -259,6 +261,8 @@ class Store(Protocol):
                               now: float) -> None: ...
     async def list_messages(self, conversation_id: str, *, limit: int = 1000,
                             after: int = 0) -> list[MessageRecord]: ...  # oldest first
+    async def turn_messages(self, conversation_id: str, turn_id: str) -> list[MessageRecord]: ...
+    # ^ the messages a turn wrote (each, exactly: an index lookup, not a read of the transcript)
     async def append_event(self, conversation_id: str, name: str, data: dict[str, Any],
                            now: float) -> int: ...  # returns the event's seq (1, 2, ...)
     async def list_events(self, conversation_id: str, *, after: int = 0,

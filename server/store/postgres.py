@@ -18,7 +18,8 @@ connection or replica appends.
 Split by subject like the SQLite store: opening, notices and conversations
 here; turns, transcript, events and a turn's batched writes in
 `postgres_turns`; definitions, swaps, aliases, permissions in
-`postgres_records`; who runs a conversation's turn, replicas and files in
+`postgres_records`; reading transcripts, forks and deletes in
+`postgres_transcripts`; who runs a conversation's turn, replicas and files in
 `postgres_coordination`; the pool, its counters and its error handling in
 `postgres_pool`; the schema in `postgres_schema`.
 """
@@ -41,11 +42,13 @@ from .postgres_pool import CHANNEL, NOTICE_LIMIT, PostgresBase, dumps, notice_sq
 from .postgres_records import RecordTables
 from .postgres_rows import CONVERSATION_COLUMNS, conversation_record
 from .postgres_schema import migrate
+from .postgres_transcripts import TranscriptTables
 from .postgres_turns import TurnTables
 from .stats import StoreStats
 
 
-class PostgresStore(TurnTables, CoordinationTables, RecordTables, ContextTables, PostgresBase):
+class PostgresStore(TranscriptTables, TurnTables, CoordinationTables, RecordTables, ContextTables,
+                    PostgresBase):
     """`Store` on a PostgreSQL database; the schema is created or upgraded on open."""
 
     embedded = False
@@ -162,20 +165,6 @@ class PostgresStore(TurnTables, CoordinationTables, RecordTables, ContextTables,
             f"UPDATE conversations SET {assignments}, updated_at = $2 WHERE id = $1",
             conversation_id, now, *changes.values()) > 0
 
-    async def fork_conversation(self, source_id: str, new: ConversationRecord,
-                                before_turn_id: str | None) -> bool:
-        """`new` with a copy of the source's transcript, in one statement (see `Store`).
-
-        The new row's message counter starts at the number of messages copied. The source and the cut
-        turn are read in the statement's snapshot: a turn that ends meanwhile is copied or not, whole.
-        """
-        rows = await self._write(_FORK, *_conversation_values(new), source_id, before_turn_id)
-        return bool(rows) and rows[0][0]
-
-    async def delete_conversation(self, conversation_id: str) -> bool:
-        """Delete it with its turns, messages, events, queue (ON DELETE CASCADE)."""
-        return await self._write_status("DELETE FROM conversations WHERE id = $1", conversation_id) > 0
-
     async def set_conversation_status(self, conversation_id: str, status: str, now: float) -> None:
         notice = notice_sql("status", r="$4::text", c="id", st="status")
         await self._write(
@@ -197,25 +186,6 @@ def _conversation_values(c: ConversationRecord) -> tuple[Any, ...]:
     forked = c.forked_from or {}
     return (c.id, c.agent, c.agent_name, c.digest, c.pinned, c.title, dumps(c.metadata), c.status,
             c.created_at, c.updated_at, c.archived, forked.get("conversation_id"), forked.get("turn_id"))
-
-
-# $1-$13 the new conversation, $14 the source, $15 the turn to cut before (NULL: all of it). The new
-# row is inserted only if the source (and the cut turn, one of the source's) exists; the copies
-# depend on it (`FROM created`), and the foreign key to it is checked at the statement's end.
-_FORK = (
-    "WITH source AS (SELECT id FROM conversations WHERE id = $14),"
-    " cut AS (SELECT started_at, id FROM turns WHERE id = $15::text AND conversation_id = $14),"
-    " picked AS (SELECT ROW_NUMBER() OVER (ORDER BY m.seq) AS seq, m.turn_id, m.body, m.created_at"
-    " FROM messages m WHERE m.conversation_id = $14 AND NOT EXISTS (SELECT FROM turns t"
-    " WHERE t.id = m.turn_id AND t.conversation_id = $14 AND (t.status IN ('running', 'waiting')"
-    " OR (t.started_at, t.id) >= (SELECT started_at, id FROM cut)))),"
-    f" created AS (INSERT INTO conversations ({CONVERSATION_COLUMNS}, message_seq)"
-    f" SELECT {_NEW_ROW}, (SELECT count(*) FROM picked) FROM source"
-    " WHERE $15::text IS NULL OR EXISTS (SELECT FROM cut) RETURNING id),"
-    " copied AS (INSERT INTO messages (conversation_id, seq, turn_id, body, created_at)"
-    " SELECT c.id, p.seq, p.turn_id, p.body, p.created_at FROM created c, picked p)"
-    " SELECT EXISTS (SELECT FROM created)"
-)
 
 
 async def _no_reset(connection: asyncpg.Connection) -> None:

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import asyncpg
 
+from .schema import SHARE_COPIES
+
 # pg_advisory_xact_lock key for migrations: b"corral" read as a number, unlikely to meet anyone else's
 LOCK_KEY = int.from_bytes(b"corral", "big")
 
@@ -192,7 +194,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX steers_by_turn ON steers (conversation_id, turn_id, id)",
     ),
-    # 9: the Idempotency-Key a steered message was sent with: a retry answers the same turn and adds
+    # 5: the Idempotency-Key a steered message was sent with: a retry answers the same turn and adds
     # nothing (`steer_id`: the pending message, until a turn picks it up)
     (
         """CREATE TABLE steer_keys (
@@ -204,6 +206,16 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             created_at double precision NOT NULL,
             PRIMARY KEY (conversation_id, key)
         )""",
+    ),
+    # 6: forks share their source's messages instead of copying them (see `forks`), and a turn's
+    # messages are found by its id; then the copies earlier forks made become shared (the counters
+    # stay: a fork's `message_seq` counts its shared messages too)
+    (
+        "ALTER TABLE conversations ADD COLUMN shares_from text",
+        "ALTER TABLE conversations ADD COLUMN shared_upto bigint NOT NULL DEFAULT 0",
+        "CREATE INDEX conversations_by_sharing ON conversations (shares_from) WHERE shares_from IS NOT NULL",
+        "CREATE INDEX messages_by_turn ON messages (conversation_id, turn_id, seq)",
+        *SHARE_COPIES,
     ),
 )
 

@@ -29,8 +29,8 @@ from typing import Any
 import asyncpg
 
 from ..errors import DuplicateIdempotencyKey
-from ..messages import Message, message_from_json
-from .base import EventRecord, MessageRecord, TurnRecord
+from ..messages import Message
+from .base import EventRecord, TurnRecord
 from .postgres_pool import PostgresBase, dumps, lease_lost, notice_sql
 from .postgres_rows import TURN_COLUMNS, TURN_JSON, TURN_UPDATES, turn_record
 
@@ -255,17 +255,6 @@ class TurnTables(PostgresBase):
         if not rows[0]["held"]:
             raise lease_lost(turn_id, conversation_id, fence)
         return [row["seq"] for row in rows if row["seq"] is not None]
-
-    async def list_messages(self, conversation_id: str, *, limit: int = 1000,
-                            after: int = 0) -> list[MessageRecord]:
-        rows = await self._read(
-            "SELECT seq, turn_id, body, created_at FROM messages WHERE conversation_id = $1 AND seq > $2"
-            " ORDER BY seq LIMIT $3", conversation_id, after, limit)
-        return [
-            MessageRecord(seq=seq, conversation_id=conversation_id, turn_id=turn_id,
-                          message=message_from_json(json.loads(body)), created_at=created_at)
-            for seq, turn_id, body, created_at in rows
-        ]
 
     async def list_events(self, conversation_id: str, *, after: int = 0,
                           limit: int = 1000) -> list[EventRecord]:

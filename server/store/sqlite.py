@@ -15,8 +15,9 @@ to `busy_timeout` (5 s); one server per file is the intended use.
 One connection in autocommit mode (`isolation_level=None`). Every method that
 writes wraps its statements in BEGIN IMMEDIATE ... COMMIT: all or nothing, and
 the write lock is taken up front, so a read never has to be upgraded. Sequence
-numbers are MAX(seq) + 1 inside that transaction: strictly increasing within
-a conversation, without gaps or duplicates.
+numbers are MAX(seq) + 1 inside that transaction (a fork's messages: after those
+it shares, see `forks`): strictly increasing within a conversation, without
+gaps or duplicates.
 
 Durability: WAL with synchronous=NORMAL keeps every committed transaction
 across a crash of the process; a power cut may lose the last few before a
@@ -40,12 +41,11 @@ from typing import Any
 
 from ..canonical import thaw
 from ..errors import DuplicateIdempotencyKey, StorageError
-from ..messages import Message, message_from_json
+from ..messages import Message
 from .base import (
     UNSET,
     ConversationRecord,
     EventRecord,
-    MessageRecord,
     StoredDefinition,
     TurnRecord,
 )
@@ -54,6 +54,7 @@ from .sqlite_audit import AuditTables
 from .sqlite_context import ContextTables
 from .sqlite_coordination import CoordinationTables, check_fence, release_turn
 from .sqlite_deployments import DeploymentTables
+from .sqlite_transcripts import TranscriptTables, last_seq
 from .stats import StoreStats
 
 PRAGMAS = (
@@ -62,8 +63,8 @@ PRAGMAS = (
     "PRAGMA foreign_keys = ON",
     "PRAGMA busy_timeout = 5000",
 )
-# coordination's columns, not the record's
-_HOLDER_COLUMNS = ("holder_turn", "holder_replica", "lease_until", "fence")
+# coordination's and the shared transcript's columns, not the record's
+_HOLDER_COLUMNS = ("holder_turn", "holder_replica", "lease_until", "fence", "shares_from", "shared_upto")
 # what update_turn may change; the JSON ones are encoded on the way in
 _TURN_COLUMNS = frozenset(
     {"status", "output", "stop_reason", "usage", "error", "ended_at", "idempotency_key"}
@@ -105,7 +106,7 @@ def _definition(row: sqlite3.Row) -> StoredDefinition:
     return StoredDefinition(**fields)
 
 
-class SQLiteStore(DeploymentTables, AuditTables, CoordinationTables, ContextTables):
+class SQLiteStore(TranscriptTables, DeploymentTables, AuditTables, CoordinationTables, ContextTables):
     """`Store` on one SQLite file; the parent directory is created on open."""
 
     embedded = True
@@ -228,36 +229,6 @@ class SQLiteStore(DeploymentTables, AuditTables, CoordinationTables, ContextTabl
             return db.execute(f"UPDATE conversations SET {assignments}, updated_at = ? WHERE id = ?",
                               (*changes.values(), now, conversation_id)).rowcount > 0
 
-    async def fork_conversation(self, source_id: str, new: ConversationRecord,
-                                before_turn_id: str | None) -> bool:
-        """`new` with a copy of the source's transcript, in one transaction (see `Store`)."""
-        with self._write() as db:
-            if db.execute("SELECT 1 FROM conversations WHERE id = ?", (source_id,)).fetchone() is None:
-                return False
-            cut = ""
-            params: list[Any] = [new.id, source_id, source_id]
-            if before_turn_id is not None:
-                row = db.execute("SELECT started_at FROM turns WHERE id = ? AND conversation_id = ?",
-                                 (before_turn_id, source_id)).fetchone()
-                if row is None:
-                    return False
-                cut = " OR (t.started_at, t.id) >= (?, ?)"
-                params += [row[0], before_turn_id]
-            _insert_conversation(db, new)
-            # every message but those of the source's turns left out (unended, or from the cut on)
-            db.execute(
-                "INSERT INTO messages (conversation_id, seq, turn_id, body, created_at)"
-                " SELECT ?, ROW_NUMBER() OVER (ORDER BY m.seq), m.turn_id, m.body, m.created_at"
-                " FROM messages m WHERE m.conversation_id = ? AND NOT EXISTS (SELECT 1 FROM turns t"
-                " WHERE t.id = m.turn_id AND t.conversation_id = ?"
-                f" AND (t.status IN ('running', 'waiting'){cut}))", params)
-            return True
-
-    async def delete_conversation(self, conversation_id: str) -> bool:
-        """Delete it with its turns, messages and events (ON DELETE CASCADE)."""
-        with self._write() as db:
-            return db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,)).rowcount > 0
-
     async def set_conversation_status(self, conversation_id: str, status: str, now: float) -> None:
         with self._write() as db:
             _set_status(db, conversation_id, status, now)
@@ -317,19 +288,6 @@ class SQLiteStore(DeploymentTables, AuditTables, CoordinationTables, ContextTabl
             return
         with self._write() as db:
             _insert_messages(db, conversation_id, turn_id, messages, now)
-
-    async def list_messages(self, conversation_id: str, *, limit: int = 1000,
-                            after: int = 0) -> list[MessageRecord]:
-        rows = self._db.execute(
-            "SELECT seq, turn_id, body, created_at FROM messages WHERE conversation_id = ? AND seq > ?"
-            " ORDER BY seq LIMIT ?",
-            (conversation_id, after, limit),
-        )
-        return [
-            MessageRecord(seq=seq, conversation_id=conversation_id, turn_id=turn_id,
-                          message=message_from_json(json.loads(body)), created_at=created_at)
-            for seq, turn_id, body, created_at in rows
-        ]
 
     async def append_event(self, conversation_id: str, name: str, data: dict[str, Any], now: float) -> int:
         with self._write() as db:
@@ -414,14 +372,17 @@ def _check_turn_changes(changes: dict[str, Any]) -> None:
         raise ValueError(f"update_turn cannot change {', '.join(sorted(unknown))}")
 
 
-def _insert_conversation(db: sqlite3.Connection, c: ConversationRecord) -> None:
+def _insert_conversation(db: sqlite3.Connection, c: ConversationRecord, *, shares_from: str | None = None,
+                         shared_upto: int = 0) -> None:
+    """A conversation's row; a fork's names the transcript it shares (see `forks`)."""
     forked = c.forked_from or {}
     db.execute(
         "INSERT INTO conversations (id, agent, agent_name, digest, pinned, title, metadata, status,"
-        " created_at, updated_at, archived, forked_from_conversation, forked_from_turn)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " created_at, updated_at, archived, forked_from_conversation, forked_from_turn, shares_from,"
+        " shared_upto) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (c.id, c.agent, c.agent_name, c.digest, int(c.pinned), c.title, _dumps(c.metadata), c.status,
-         c.created_at, c.updated_at, int(c.archived), forked.get("conversation_id"), forked.get("turn_id")),
+         c.created_at, c.updated_at, int(c.archived), forked.get("conversation_id"), forked.get("turn_id"),
+         shares_from, shared_upto),
     )
 
 
@@ -464,7 +425,7 @@ def _next_seq(db: sqlite3.Connection, table: str, conversation_id: str) -> int:
 def _insert_messages(db: sqlite3.Connection, conversation_id: str, turn_id: str, messages: list[Message],
                      now: float) -> None:
     """Append to the transcript and touch the conversation's `updated_at`."""
-    first = _next_seq(db, "messages", conversation_id)
+    first = last_seq(db, conversation_id) + 1  # after the shared messages of a fork, too
     db.executemany(
         "INSERT INTO messages (conversation_id, seq, turn_id, body, created_at) VALUES (?, ?, ?, ?, ?)",
         [(conversation_id, seq, turn_id, _dumps(m.to_json()), now)
