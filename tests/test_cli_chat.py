@@ -78,6 +78,8 @@ def definitions(root: Path, marker_dir: Path) -> Path:
         rule("^run (?P<command>.+)$", "risky", {"command": "{command}"}, "tool said: {tool_result}"),
         rule("^wait (?P<path>\\S+)", "hold", {"path": "{path}"}, "passed the gate"),
         rule("^echo (?P<text>\\w+)", "noisy__echo", {"text": "{text}"}, "mcp said: {tool_result}"),
+        # a summary shorter than what it replaces (an echo of it would be longer, and be dropped)
+        {"when": "^The conversation to summarize", "reply": "they said one"},
     ]
     documents = [
         {"kind": "Model", "name": "scripted", "provider": "scripted", "script": script,
@@ -358,9 +360,9 @@ def test_compact_and_context_commands(mode: str, served: Served, tmp_path: Path)
         term.expect("you> ")
         term.type("/compact")  # no turn yet: nothing older than the two kept
         assert "[nothing to compact" in term.expect("you> ")
-        for text in ("one", "two", "three"):
-            term.type(text)
-            assert f"echo: {text}" in term.expect("you> ")
+        for text in ("one", "two", "three"):  # long enough that a summary of them is shorter
+            term.type(f"{text} {'and so on ' * 60}")
+            assert f"echo: {text} and so on" in term.expect("you> ")
         term.type("/compact")  # the first turn is summarized (by the agent's own scripted model)
         assert re.search(r"\[compacted 2 messages: \d+ -> \d+ tokens\]", term.expect("you> "))
         term.type("/context")
