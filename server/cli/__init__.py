@@ -165,11 +165,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_runtime_verbs(verbs: argparse._SubParsersAction) -> None:
-    try:
-        from .running import add_verbs
+    try:  # the runtime's verbs need the server's dependencies, which a bare compiler install lacks
+        from .chat import add_verb as add_chat
+        from .running import add_mcp_verb, add_serve_verb
     except ImportError:
         return
-    add_verbs(verbs, _add_dir)
+    add_serve_verb(verbs, _add_dir)  # in the order `corral --help` lists them
+    add_chat(verbs)
+    add_mcp_verb(verbs, _add_dir)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from ..store.ownership import Claim
 
 
-def add_verbs(verbs: argparse._SubParsersAction,
+def add_serve_verb(verbs: argparse._SubParsersAction,
               add_dir: Callable[[argparse.ArgumentParser], None]) -> None:
     serve = verbs.add_parser(
         "serve", help="serve a definition directory over HTTP (MCP at /mcp)",
@@ -35,10 +35,9 @@ def add_verbs(verbs: argparse._SubParsersAction,
                        help="allow a non-loopback bind without CORRAL_API_KEYS (dangerous)")
     serve.set_defaults(func=cmd_serve)
 
-    from .chat import add_verb as add_chat
 
-    add_chat(verbs)
-
+def add_mcp_verb(verbs: argparse._SubParsersAction,
+                 add_dir: Callable[[argparse.ArgumentParser], None]) -> None:
     mcp = verbs.add_parser(
         "mcp", help="serve the agents as an MCP server over stdio",
         description="Serve the agents as an MCP server over stdio (for Claude Desktop, Cursor, ...).",

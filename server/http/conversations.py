@@ -13,8 +13,8 @@ from starlette.routing import Route
 
 from ..errors import RequestError
 from ..runtime import waits
+from ..runtime.active_turn import TERMINAL_EVENTS
 from ..runtime.steering import Steered
-from ..runtime.turn import TERMINAL_EVENTS
 from ..store.base import ConversationRecord, EventRecord, TurnRecord
 from .plumbing import KEEP_ALIVE, BrokenOff, iso, page, page_params, read_json, sse_frame, sse_response
 

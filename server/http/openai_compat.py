@@ -33,9 +33,9 @@ from ..compiler.schemas import check_schema
 from ..errors import CorralError, RequestError
 from ..messages import AssistantMessage, Message, UserMessage
 from ..runtime import waits
+from ..runtime.active_turn import CANCELLED_ERROR, TERMINAL_EVENTS, ActiveTurn, TurnResult
 from ..runtime.conversations import Conversations
 from ..runtime.structured import OutputSchema
-from ..runtime.turn import CANCELLED_ERROR, TERMINAL_EVENTS, ActiveTurn, TurnResult
 from .plumbing import BrokenOff, error_response, read_json, sse_response
 
 

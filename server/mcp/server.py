@@ -51,9 +51,9 @@ from ..compiler.definitions import PATH_KINDS, AgentDefinition, SkillDefinition
 from ..deployment.reports import SwapReport
 from ..errors import TOOL_RESULT, CorralError, envelope, forms
 from ..providers.wellformed import has_lone_surrogate
+from ..runtime.active_turn import ActiveTurn
 from ..runtime.steering import Steered
 from ..runtime.structured import MISSING
-from ..runtime.turn import ActiveTurn
 from ..service import Service
 
 log = logging.getLogger("corral.mcp")

@@ -31,7 +31,7 @@ import anyio
 
 from ..errors import ConversationBusy, CorralError, RequestError, StorageError
 from ..store.base import Holder, Notice, Store
-from .turn import ActiveTurn
+from .active_turn import ActiveTurn
 
 BUSY_POLICIES = ("reject", "enqueue", "interrupt")
 

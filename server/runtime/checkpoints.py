@@ -3,7 +3,7 @@
 A turn's checkpoint is what the store holds of it: its input (the turn row),
 each model step (an assistant message, with the text deltas committed with
 it), and each tool result (with its `tool.finished`, in one transaction).
-`Journal` (in `turns`) commits a call's `tool.started` before the call runs,
+`Journal` (in `turn_runner`) commits a call's `tool.started` before the call runs,
 so a call whose start is committed but whose result is not may have run, in
 part or whole: its outcome is unknown. A call still waiting on a person (its
 permission request pending), or refused, never ran, whatever the events say.

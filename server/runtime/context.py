@@ -47,7 +47,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..canonical import thaw
 from ..compiler.definitions import Closure, ContextPolicy, ModelDefinition, ToolDefinition
@@ -62,10 +62,17 @@ if TYPE_CHECKING:
     from ..messages import ToolSpec
     from ..store.base import Store
     from .events import EventHub
-    from .plans import Runtime
-    from .turns import Transcripts
+    from .transcripts import Transcripts
 
 log = logging.getLogger("corral.context")
+
+
+class Models(Protocol):
+    """Where a summary's model comes from: the agent's own, or a named Model (`plans.Runtime`)."""
+
+    def model(self, closure: Closure) -> ModelPort: ...
+
+    def provider(self, model: ModelDefinition) -> ModelPort: ...
 
 SUMMARY_HEAD = ("Summary of the earlier part of this conversation (its older messages were compacted to "
                 "fit the context window):\n\n")
@@ -216,7 +223,7 @@ class Contexts:
 
     SIZE = 1000
 
-    def __init__(self, store: Store, runtime: Runtime, transcripts: Transcripts, hub: EventHub):
+    def __init__(self, store: Store, runtime: Models, transcripts: Transcripts, hub: EventHub):
         self.store = store
         self.runtime = runtime
         self.transcripts = transcripts

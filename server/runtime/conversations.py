@@ -11,7 +11,7 @@ hands a message to the running turn (`steering`; one that ends first leaves
 it a turn of its own); `context` and `compact` answer and act on the
 conversation's context (`context`).
 
-Not responsible for: what a turn does (`loop`, driven by `turns`), how it is
+Not responsible for: what a turn does (`loop`, driven by `turn_runner`), how it is
 built (`plans`), or which definitions are current (`registry`).
 """
 
@@ -41,6 +41,7 @@ from ..ids import new_id
 from ..messages import Message
 from ..metrics import Metrics
 from ..store.base import ConversationRecord, EventRecord, Store, TurnRecord
+from .active_turn import ENDED_STATUSES, ActiveTurn, Failed, TurnResult
 from .admission import Admission, KeyTaken, Superseded
 from .bounds import waited
 from .checkpoints import Checkpoint, checkpoint_of
@@ -52,8 +53,7 @@ from .steering import Steering
 from .streams import EventStreams
 from .structured import MISSING, OutputSchema
 from .structured import stored as stored_structured
-from .turn import ENDED_STATUSES, ActiveTurn, Failed, TurnResult
-from .turns import TurnRunner
+from .turn_runner import TurnRunner
 
 log = logging.getLogger("corral.conversations")
 

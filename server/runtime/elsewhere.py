@@ -8,7 +8,7 @@ from every replica (persisted, then announced), and re-check the store every
 second in case a notice was lost: no polling interval when notices flow.
 
 Not responsible for running, cancelling or recording turns (`conversations`,
-`turns`).
+`turn_runner`).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import anyio
 from anyio.abc import TaskGroup
 
 from ..store.base import Store, TurnRecord
+from .active_turn import ENDED_STATUSES, ActiveTurn
 from .admission import Admission
 from .bounds import waited
 from .streams import EventStreams
-from .turn import ENDED_STATUSES, ActiveTurn
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """Live fan-out of events to subscribers: per conversation, and server-wide.
 
-Events are persisted before they are published (see `turns`), so the hub may
+Events are persisted before they are published (see `turn_runner`), so the hub may
 drop: a subscriber that cannot keep up has its stream closed, and its reader
 replays what it missed from the store. An event another replica persisted
 arrives as a notice carrying only its id: `poke` tells this conversation's

@@ -22,7 +22,7 @@ import anyio
 
 from ..errors import CorralError, IdempotencyKeyReused
 from ..store.base import Store, TurnRecord
-from .turn import ActiveTurn
+from .active_turn import ActiveTurn
 
 
 def request_digest(text: str, if_busy: str | None) -> str:

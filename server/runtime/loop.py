@@ -10,7 +10,7 @@ Guards: tool input is validated against the tool's schema and errors go back
 to the model (at most `MAX_REPAIRS` times a turn); the same call with the
 same arguments three times is a loop; `max_steps` bounds model calls.
 
-A resumed turn (its replica died; see `turns`) starts from what it had
+A resumed turn (its replica died; see `turn_runner`) starts from what it had
 committed (`TurnPlan.resumed`): a model step that was cut off is simply made
 again, a tool call whose result was committed is not made again, and one
 whose start was committed but not its result (`TurnPlan.unknown`) runs

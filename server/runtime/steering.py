@@ -31,7 +31,7 @@ from ..tools.base import ToolContext
 from .admission import Admission
 from .loop import submitted
 from .plans import Runtime
-from .turns import TurnRunner
+from .turn_runner import TurnRunner
 
 log = logging.getLogger("corral.steering")
 

@@ -7,7 +7,7 @@ sends it back to the store. So `Last-Event-ID` resumes without loss or
 duplicates. A stream can end after a given turn ends (`until_turn`), as the
 answer to a streamed message does.
 
-Not responsible for producing events (`turns`) or fanning them out (`events`).
+Not responsible for producing events (`turn_runner`) or fanning them out (`events`).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator
 import anyio
 
 from ..store.base import EventRecord, Store
+from .active_turn import TERMINAL_EVENTS
 from .events import HEARTBEAT_S, POKE, EventHub
-from .turn import TERMINAL_EVENTS
 
 PAGE = 500
 

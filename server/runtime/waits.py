@@ -23,7 +23,7 @@ import anyio
 from ..clock import iso
 from ..errors import TurnNotFound
 from ..store.base import Store, TurnRecord
-from .turn import ENDED_STATUSES, ActiveTurn, TurnResult
+from .active_turn import ENDED_STATUSES, ActiveTurn, TurnResult
 
 if TYPE_CHECKING:
     from .conversations import Conversations

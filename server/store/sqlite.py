@@ -39,8 +39,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..canonical import thaw
-from ..errors import DuplicateIdempotencyKey, StorageError
+from ..errors import StorageError
 from ..messages import Message
 from .base import (
     UNSET,
@@ -54,7 +53,17 @@ from .sqlite_audit import AuditTables
 from .sqlite_context import ContextTables
 from .sqlite_coordination import CoordinationTables, check_fence, release_turn
 from .sqlite_deployments import DeploymentTables
-from .sqlite_transcripts import TranscriptTables, last_seq
+from .sqlite_transcripts import TranscriptTables
+from .sqlite_writes import (
+    check_turn_changes,
+    dumps,
+    insert_conversation,
+    insert_events,
+    insert_messages,
+    insert_turn,
+    set_status,
+    update_turn,
+)
 from .stats import StoreStats
 
 PRAGMAS = (
@@ -65,15 +74,6 @@ PRAGMAS = (
 )
 # coordination's and the shared transcript's columns, not the record's
 _HOLDER_COLUMNS = ("holder_turn", "holder_replica", "lease_until", "fence", "shares_from", "shared_upto")
-# what update_turn may change; the JSON ones are encoded on the way in
-_TURN_COLUMNS = frozenset(
-    {"status", "output", "stop_reason", "usage", "error", "ended_at", "idempotency_key"}
-)
-_TURN_JSON = frozenset({"usage", "error"})
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(thaw(value), ensure_ascii=False, separators=(",", ":"))
 
 
 def _conversation(row: sqlite3.Row) -> ConversationRecord:
@@ -190,7 +190,7 @@ class SQLiteStore(TranscriptTables, DeploymentTables, AuditTables, CoordinationT
 
     async def create_conversation(self, conversation: ConversationRecord) -> None:
         with self._write() as db:
-            _insert_conversation(db, conversation)
+            insert_conversation(db, conversation)
 
     async def get_conversation(self, conversation_id: str) -> ConversationRecord | None:
         row = self._db.execute("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
@@ -219,7 +219,7 @@ class SQLiteStore(TranscriptTables, DeploymentTables, AuditTables, CoordinationT
                                   archived: Any = UNSET, now: float) -> bool:
         """Set the fields given (and `updated_at`); whether the conversation exists."""
         changes = {column: value for column, value in (
-            ("title", title), ("metadata", metadata if metadata is UNSET else _dumps(metadata)),
+            ("title", title), ("metadata", metadata if metadata is UNSET else dumps(metadata)),
             ("archived", archived if archived is UNSET else int(archived))) if value is not UNSET}
         if not changes:
             return self._db.execute("SELECT 1 FROM conversations WHERE id = ?",
@@ -231,25 +231,25 @@ class SQLiteStore(TranscriptTables, DeploymentTables, AuditTables, CoordinationT
 
     async def set_conversation_status(self, conversation_id: str, status: str, now: float) -> None:
         with self._write() as db:
-            _set_status(db, conversation_id, status, now)
+            set_status(db, conversation_id, status, now)
 
     # turns
 
     async def create_turn(self, turn: TurnRecord) -> None:
         """Insert a turn; raise `DuplicateIdempotencyKey` if its key is taken in the conversation."""
         with self._write() as db:
-            _insert_turn(db, turn)
+            insert_turn(db, turn)
 
     async def update_turn(self, turn_id: str, *, fence: int | None = None, **changes: Any) -> None:
-        """Set only the given columns, each one of `_TURN_COLUMNS`."""
-        _check_turn_changes(changes)
+        """Set only the given columns, each one of `TURN_COLUMNS`."""
+        check_turn_changes(changes)
         if not changes:
             return
         with self._write() as db:
             if fence is not None:
                 row = db.execute("SELECT conversation_id FROM turns WHERE id = ?", (turn_id,)).fetchone()
                 check_fence(db, row[0] if row else "", turn_id, fence, self.replica)
-            _update_turn(db, turn_id, changes)
+            update_turn(db, turn_id, changes)
 
     async def get_turn(self, turn_id: str) -> TurnRecord | None:
         row = self._db.execute("SELECT * FROM turns WHERE id = ?", (turn_id,)).fetchone()
@@ -287,19 +287,19 @@ class SQLiteStore(TranscriptTables, DeploymentTables, AuditTables, CoordinationT
         if not messages:
             return
         with self._write() as db:
-            _insert_messages(db, conversation_id, turn_id, messages, now)
+            insert_messages(db, conversation_id, turn_id, messages, now)
 
     async def append_event(self, conversation_id: str, name: str, data: dict[str, Any], now: float) -> int:
         with self._write() as db:
-            return _insert_events(db, conversation_id, [(name, data)], now)[0]
+            return insert_events(db, conversation_id, [(name, data)], now)[0]
 
     # a turn's writes, batched
 
     async def begin_turn(self, turn: TurnRecord, event: tuple[str, dict[str, Any]], now: float) -> int:
         with self._write() as db:
-            _insert_turn(db, turn)
-            _set_status(db, turn.conversation_id, "busy", now)
-            return _insert_events(db, turn.conversation_id, [event], now)[0]
+            insert_turn(db, turn)
+            set_status(db, turn.conversation_id, "busy", now)
+            return insert_events(db, turn.conversation_id, [event], now)[0]
 
     async def append(self, conversation_id: str, turn_id: str, messages: list[Message],
                      events: list[tuple[str, dict[str, Any]]], now: float,
@@ -310,21 +310,21 @@ class SQLiteStore(TranscriptTables, DeploymentTables, AuditTables, CoordinationT
             if fence is not None:
                 check_fence(db, conversation_id, turn_id, fence, self.replica)
             if usage is not None:
-                db.execute("UPDATE turns SET usage = ? WHERE id = ?", (_dumps(usage), turn_id))
+                db.execute("UPDATE turns SET usage = ? WHERE id = ?", (dumps(usage), turn_id))
             if messages:
-                _insert_messages(db, conversation_id, turn_id, messages, now)
-            return _insert_events(db, conversation_id, events, now) if events else []
+                insert_messages(db, conversation_id, turn_id, messages, now)
+            return insert_events(db, conversation_id, events, now) if events else []
 
     async def end_turn(self, turn_id: str, conversation_id: str, changes: dict[str, Any],
                        event: tuple[str, dict[str, Any]], now: float, *, fence: int | None = None) -> int:
-        _check_turn_changes(changes)
+        check_turn_changes(changes)
         with self._write() as db:
             if fence is not None:
                 check_fence(db, conversation_id, turn_id, fence, self.replica)
             if changes:
-                _update_turn(db, turn_id, changes)
-            seq = _insert_events(db, conversation_id, [event], now)[0]
-            _set_status(db, conversation_id, "idle", now)
+                update_turn(db, turn_id, changes)
+            seq = insert_events(db, conversation_id, [event], now)[0]
+            set_status(db, conversation_id, "idle", now)
             release_turn(db, conversation_id, turn_id)
             return seq
 
@@ -349,7 +349,7 @@ class SQLiteStore(TranscriptTables, DeploymentTables, AuditTables, CoordinationT
             db.executemany(
                 "INSERT OR IGNORE INTO definitions (digest, kind, name, spec, first_seen)"
                 " VALUES (?, ?, ?, ?, ?)",
-                [(d.digest, d.kind, d.name, _dumps(d.spec), d.first_seen) for d in definitions],
+                [(d.digest, d.kind, d.name, dumps(d.spec), d.first_seen) for d in definitions],
             )
 
     async def get_definition(self, digest: str) -> StoredDefinition | None:
@@ -362,85 +362,3 @@ class SQLiteStore(TranscriptTables, DeploymentTables, AuditTables, CoordinationT
             "SELECT * FROM definitions WHERE kind = ? AND name = ? ORDER BY first_seen, digest", (kind, name)
         )
         return [_definition(row) for row in rows]
-
-
-# Statements shared by the single writes and the batched ones (each inside the caller's transaction).
-
-def _check_turn_changes(changes: dict[str, Any]) -> None:
-    unknown = changes.keys() - _TURN_COLUMNS
-    if unknown:
-        raise ValueError(f"update_turn cannot change {', '.join(sorted(unknown))}")
-
-
-def _insert_conversation(db: sqlite3.Connection, c: ConversationRecord, *, shares_from: str | None = None,
-                         shared_upto: int = 0) -> None:
-    """A conversation's row; a fork's names the transcript it shares (see `forks`)."""
-    forked = c.forked_from or {}
-    db.execute(
-        "INSERT INTO conversations (id, agent, agent_name, digest, pinned, title, metadata, status,"
-        " created_at, updated_at, archived, forked_from_conversation, forked_from_turn, shares_from,"
-        " shared_upto) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (c.id, c.agent, c.agent_name, c.digest, int(c.pinned), c.title, _dumps(c.metadata), c.status,
-         c.created_at, c.updated_at, int(c.archived), forked.get("conversation_id"), forked.get("turn_id"),
-         shares_from, shared_upto),
-    )
-
-
-def _insert_turn(db: sqlite3.Connection, t: TurnRecord) -> None:
-    """Insert a turn; raise `DuplicateIdempotencyKey` if its key is taken in the conversation."""
-    if t.idempotency_key is not None and db.execute(
-        "SELECT 1 FROM turns WHERE conversation_id = ? AND idempotency_key = ?",
-        (t.conversation_id, t.idempotency_key),
-    ).fetchone():
-        raise DuplicateIdempotencyKey(t.idempotency_key)
-    db.execute(
-        "INSERT INTO turns (id, conversation_id, agent, digest, status, input, output, stop_reason,"
-        " usage, error, idempotency_key, request_digest, started_at, ended_at, attempts)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (t.id, t.conversation_id, t.agent, t.digest, t.status, t.input, t.output, t.stop_reason,
-         _dumps(t.usage), None if t.error is None else _dumps(t.error), t.idempotency_key,
-         t.request_digest, t.started_at, t.ended_at, t.attempts),
-    )
-
-
-def _update_turn(db: sqlite3.Connection, turn_id: str, changes: dict[str, Any]) -> None:
-    values = [_dumps(value) if column in _TURN_JSON and value is not None else value
-              for column, value in changes.items()]
-    assignments = ", ".join(f"{column} = ?" for column in changes)  # names come from the whitelist
-    db.execute(f"UPDATE turns SET {assignments} WHERE id = ?", (*values, turn_id))
-
-
-def _set_status(db: sqlite3.Connection, conversation_id: str, status: str, now: float) -> None:
-    db.execute("UPDATE conversations SET status = ?, updated_at = ? WHERE id = ?",
-               (status, now, conversation_id))
-
-
-def _next_seq(db: sqlite3.Connection, table: str, conversation_id: str) -> int:
-    (last,) = db.execute(
-        f"SELECT COALESCE(MAX(seq), 0) FROM {table} WHERE conversation_id = ?", (conversation_id,)
-    ).fetchone()
-    return last + 1
-
-
-def _insert_messages(db: sqlite3.Connection, conversation_id: str, turn_id: str, messages: list[Message],
-                     now: float) -> None:
-    """Append to the transcript and touch the conversation's `updated_at`."""
-    first = last_seq(db, conversation_id) + 1  # after the shared messages of a fork, too
-    db.executemany(
-        "INSERT INTO messages (conversation_id, seq, turn_id, body, created_at) VALUES (?, ?, ?, ?, ?)",
-        [(conversation_id, seq, turn_id, _dumps(m.to_json()), now)
-         for seq, m in enumerate(messages, start=first)],
-    )
-    db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, conversation_id))
-
-
-def _insert_events(db: sqlite3.Connection, conversation_id: str,
-                   events: list[tuple[str, dict[str, Any]]], now: float) -> list[int]:
-    first = _next_seq(db, "events", conversation_id)
-    seqs = list(range(first, first + len(events)))
-    db.executemany(
-        "INSERT INTO events (conversation_id, seq, name, data, created_at) VALUES (?, ?, ?, ?, ?)",
-        [(conversation_id, seq, name, _dumps(data), now)
-         for seq, (name, data) in zip(seqs, events, strict=True)],
-    )
-    return seqs

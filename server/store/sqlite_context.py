@@ -16,6 +16,7 @@ from typing import Any
 from ..messages import UserMessage
 from .base import ContextView
 from .sqlite_coordination import check_fence
+from .sqlite_writes import insert_events, insert_messages
 
 
 class ContextTables:
@@ -27,7 +28,6 @@ class ContextTables:
 
     async def save_context_view(self, view: ContextView, turn_id: str, event: tuple[str, dict[str, Any]],
                                 now: float, *, fence: int | None = None) -> int:
-        from .sqlite import _insert_events  # the store's own numbering (sqlite imports this module)
 
         v = view
         with self._write() as db:
@@ -38,7 +38,7 @@ class ContextTables:
                 " strategy, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (v.conversation_id, v.number, v.upto_seq, v.cut_seq, v.summary, v.tokens, v.strategy,
                  v.created_at))
-            return _insert_events(db, v.conversation_id, [event], now)[0]
+            return insert_events(db, v.conversation_id, [event], now)[0]
 
     async def get_context_view(self, conversation_id: str) -> ContextView | None:
         row = self._db.execute(
@@ -73,7 +73,6 @@ class ContextTables:
 
     async def take_steers(self, conversation_id: str, turn_id: str, now: float,
                           *, fence: int | None = None) -> list[tuple[str, int]]:
-        from .sqlite import _insert_events, _insert_messages
 
         pending = ("SELECT id, content FROM steers WHERE conversation_id = ? AND turn_id = ? ORDER BY id",
                    (conversation_id, turn_id))
@@ -86,8 +85,8 @@ class ContextTables:
             if fence is not None:
                 check_fence(db, conversation_id, turn_id, fence, self.replica)
             contents = [content for _, content in rows]
-            _insert_messages(db, conversation_id, turn_id, [UserMessage(content=c) for c in contents], now)
-            seqs = _insert_events(db, conversation_id, [
+            insert_messages(db, conversation_id, turn_id, [UserMessage(content=c) for c in contents], now)
+            seqs = insert_events(db, conversation_id, [
                 ("message.steered", {"turn_id": turn_id, "content": c}) for c in contents], now)
             db.executemany("DELETE FROM steers WHERE id = ?", [(steer_id,) for steer_id, _ in rows])
         return list(zip(contents, seqs, strict=True))

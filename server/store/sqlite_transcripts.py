@@ -16,6 +16,7 @@ from typing import Any
 from ..messages import message_from_json
 from .base import ConversationRecord, MessageRecord
 from .forks import chain_sql, fork_base, heir_place, segments
+from .sqlite_writes import insert_conversation, last_seq
 
 _CHAIN = chain_sql("?")
 _ROWS = ("SELECT seq, turn_id, body, created_at FROM messages WHERE conversation_id = ? AND seq > ?"
@@ -26,14 +27,6 @@ _NO_BOUND = 2**63 - 1
 def chain_of(db: sqlite3.Connection, conversation_id: str) -> list[tuple[str, str | None, int]]:
     """The conversation's row, then the one it shares from, and so on up (see `forks`)."""
     return [(row[0], row[1], row[2]) for row in db.execute(_CHAIN, (conversation_id,))]
-
-
-def last_seq(db: sqlite3.Connection, conversation_id: str) -> int:
-    """The seq of the conversation's last message, shared ones included (0: none)."""
-    row = db.execute("SELECT MAX(shared_upto, COALESCE((SELECT MAX(seq) FROM messages"
-                     " WHERE conversation_id = c.id), 0)) FROM conversations c WHERE id = ?",
-                     (conversation_id,)).fetchone()
-    return 0 if row is None else row[0]
 
 
 def _records(conversation_id: str, rows: Any) -> list[MessageRecord]:
@@ -73,7 +66,6 @@ class TranscriptTables:
     async def fork_conversation(self, source_id: str, new: ConversationRecord,
                                 before_turn_id: str | None) -> bool:
         """`new`, sharing the source's transcript up to the fork point, in one transaction (see `Store`)."""
-        from .sqlite import _insert_conversation  # the store's own row (sqlite imports this module)
 
         with self._write() as db:
             if db.execute("SELECT 1 FROM conversations WHERE id = ?", (source_id,)).fetchone() is None:
@@ -94,7 +86,7 @@ class TranscriptTables:
                 f" AND (t.status IN ('running', 'waiting'){cut})", params).fetchone()
             point = last_seq(db, source_id) if first is None else first - 1
             base, upto = fork_base(chain_of(db, source_id), point)
-            _insert_conversation(db, new, shares_from=base, shared_upto=upto)
+            insert_conversation(db, new, shares_from=base, shared_upto=upto)
             return True
 
     async def delete_conversation(self, conversation_id: str) -> bool:

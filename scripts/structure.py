@@ -1,0 +1,78 @@
+"""The figures of the code's structure, as the structural issue asks for them (`make structure`).
+
+Modules and lines per package of `server/`, the longest module and function, the methods of each
+store port, and the SQL statements written once for both dialects against those written per
+dialect. Counted from the source with `ast`, so anyone can rerun it and compare two commits.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent / "server"
+SQL = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|WITH)\b", re.I)  # statements, not migrations
+
+
+def _modules() -> list[Path]:
+    return sorted(p for p in ROOT.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _functions(tree: ast.AST) -> list[tuple[int, str]]:
+    return [((node.end_lineno or node.lineno) - node.lineno + 1, node.name) for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)]
+
+
+def _ports(path: Path) -> dict[str, int]:
+    """Each Protocol class of a store module with its method count."""
+    tree = ast.parse(path.read_text())
+    return {node.name: sum(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) for n in node.body)
+            for node in tree.body if isinstance(node, ast.ClassDef)
+            and any(getattr(b, "id", getattr(b, "attr", "")) == "Protocol" for b in node.bases)}
+
+
+def _sql(path: Path) -> int:
+    return sum(isinstance(node, ast.Constant) and isinstance(node.value, str) and bool(SQL.match(node.value))
+               for node in ast.walk(ast.parse(path.read_text())))
+
+
+def main() -> None:
+    lines: Counter[str] = Counter()
+    count: Counter[str] = Counter()
+    longest_module = (0, "")
+    longest_function = (0, "")
+    for path in _modules():
+        rel = path.relative_to(ROOT.parent)
+        n = len(path.read_text().splitlines())
+        package = str(rel.parent)
+        lines[package] += n
+        count[package] += 1
+        longest_module = max(longest_module, (n, str(rel)))
+        for size, name in _functions(ast.parse(path.read_text())):
+            longest_function = max(longest_function, (size, f"{rel}:{name}"))
+    print(f"{'package':32} modules  lines")
+    for package in sorted(lines):
+        print(f"{package:32} {count[package]:7} {lines[package]:6}")
+    print(f"{'total':32} {sum(count.values()):7} {sum(lines.values()):6}")
+    print(f"longest module:   {longest_module[1]} ({longest_module[0]} lines)")
+    print(f"longest function: {longest_function[1]} ({longest_function[0]} lines)")
+    store = ROOT / "store"
+    for path in sorted(store.rglob("*.py")):
+        for name, methods in _ports(path).items():
+            print(f"store port {name} ({path.relative_to(ROOT.parent)}): {methods} methods")
+    once = per_dialect = 0
+    for path in sorted(store.rglob("*.py")):
+        rel = str(path.relative_to(store))
+        n = _sql(path)
+        if "sqlite" in rel or "postgres" in rel:
+            per_dialect += n
+        else:
+            once += n
+    print(f"SQL statements: {once} written once for both dialects, {per_dialect} per dialect")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
