@@ -115,10 +115,10 @@ def _draining_server(config, app, owned: Claim | None):
         async def startup(self, sockets=None) -> None:
             await super().startup(sockets)
             if sockets and self.started:  # uvicorn logs no address for sockets it was given
+                if owned is not None:  # first: whoever sees the log line finds the URL recorded
+                    owned.announce(url_of(sockets[0], reachable=True))
                 logging.getLogger("uvicorn.error").info("Uvicorn running on %s (Press CTRL+C to quit)",
                                                         url_of(sockets[0]))
-                if owned is not None:
-                    owned.announce(url_of(sockets[0], reachable=True))
 
         def handle_exit(self, sig, frame) -> None:
             service = getattr(app.state, "service", None)
