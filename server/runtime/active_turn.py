@@ -21,7 +21,7 @@ This module runs nothing and persists nothing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -170,11 +170,12 @@ class ActiveTurn:
         """It stops here and goes on elsewhere: this replica records no ending for it."""
         self.stopped = why
 
-    def begin(self, started_seq: int) -> None:
-        """Its row and its `turn.started` are in the store: it runs here from now on."""
+    def begin(self, started_seq: int, messages: Sequence[Message] = ()) -> None:
+        """Its row and its `turn.started` are in the store: it runs here from now on (`messages`: what
+        an earlier attempt of it added, for a turn taken over)."""
         self.stored = True
         self.started_seq = started_seq
-        self.messages = []
+        self.messages = list(messages)
 
     def append(self, message: Message) -> None:
         assert self.messages is not None

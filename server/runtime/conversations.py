@@ -178,7 +178,7 @@ class Conversations:
 
     async def send(self, conversation_id: str, text: str, *, if_busy: str | None = None,
                    idempotency_key: str | None = None, output: OutputSchema | None = None) -> ActiveTurn:
-        """Start a turn (or find the one this idempotency key started); returns once it is running.
+        """Start a turn (or find the one this idempotency key started); returns once it is begun.
 
         `output`: the JSON this turn's answer must be, instead of the agent's `output_schema` (the
         OpenAI route's `response_format`); held in memory only, so a turn resumed elsewhere after a

@@ -165,9 +165,7 @@ class TurnLifecycle:
             return
         log.warning("turn %s of conversation %s resumed (attempt %d)", record.id, conversation.id,
                     record.attempts)
-        turn.begin(checkpoint.started_seq)
-        assert turn.messages is not None
-        turn.messages.extend(checkpoint.messages)
+        turn.begin(checkpoint.started_seq, checkpoint.messages)
         self.metrics.busy.inc(amount=1)
         self.steering.resumed(turn.id)
         self.tg.start_soon(self._lifetime, conversation, closure, turn, checkpoint)
@@ -217,6 +215,9 @@ class TurnLifecycle:
             turn.goes_on_elsewhere("lost")
         except StorageError as exc:
             turn.settle(Failed(exc.envelope()["error"]))
+        except Exception:  # a bug fails this turn, and it still ends
+            log.exception("turn %s: its last writes failed unexpectedly", turn.id)
+            turn.settle(Failed({"code": "internal", "message": "internal error during the turn"}))
         if turn.hand_off and turn.outcome is None and turn.stopped is None:
             turn.goes_on_elsewhere("handed_over")  # the next attempt goes on
 
