@@ -82,17 +82,17 @@ class Turns:
     """Runs turns in one service, timing each (CPU seconds of this process) and its context work."""
 
     def __init__(self, service: Any):
-        from server.runtime import context as context_module
+        from server.runtime import context_window as context_module
 
         self.conversations = service.conversations
         self.window, self.prepare = Timed(), Timed()
-        contexts = self.conversations.runner.contexts
+        contexts = self.conversations.contexts
         contexts.window = self.window.wrap(contexts.window)
         self.restore = context_module.ContextWindow.prepare
         context_module.ContextWindow.prepare = self.prepare.wrap(self.restore)  # type: ignore[method-assign]
 
     def close(self) -> None:
-        from server.runtime import context as context_module
+        from server.runtime import context_window as context_module
 
         context_module.ContextWindow.prepare = self.restore  # type: ignore[method-assign]
 

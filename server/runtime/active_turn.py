@@ -2,24 +2,28 @@
 
 `ActiveTurn` is one turn in progress on this process: its record, the cancel
 scope it runs in, what it added to the transcript, the permission request it
-waits on. `Conversations` cancels it (`cancel`), the `TurnRunner` drives it
-(`begin`, `append`, `ask`, `end`), surfaces wait on it (`done`, `attention`)
-and read what it ended with (`Conversations.result` -> `TurnResult`).
+waits on. Its lifecycle (`turn_lifecycle`) begins it (`begin`: its row is
+written), runs it and ends it (`end`), once; `Conversations` cancels it
+(`cancel`), the `TurnRunner` drives it (`append`, `ask`, `settle`), surfaces
+wait on it (`done`, `attention`) and read what it ended with
+(`Conversations.result` -> `TurnResult`).
 
 How a turn ends is an `Outcome`, a tagged union: `Completed` (the answer),
 `Failed` (an error envelope), `Cancelled` (a client or a later `interrupt`
 stopped it), `Interrupted` (the server stopped first: recorded as failed with
-code `interrupted`). `ending_of` turns an outcome into the turn's final
-columns and its last event, `Ending`.
+code `interrupted`). `ending_of` turns an outcome into an `Ending`: the
+turn's final columns and its last event. A turn that goes on elsewhere
+(`Stop`: another replica took it over, or this one handed it over) has no
+ending here.
 
 This module runs nothing and persists nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 
@@ -27,8 +31,13 @@ from ..messages import Message, Usage
 from ..store.base import TurnRecord
 from .structured import MISSING, OutputSchema
 
-TERMINAL_EVENTS = ("turn.completed", "turn.failed", "turn.cancelled")
-ENDED_STATUSES = ("completed", "failed", "cancelled")
+EndedStatus = Literal["completed", "failed", "cancelled"]
+TerminalEvent = Literal["turn.completed", "turn.failed", "turn.cancelled"]
+Stop = Literal["lost", "handed_over"]  # why a turn goes on elsewhere: taken over, or handed over
+
+TERMINAL_EVENTS: tuple[TerminalEvent, ...] = ("turn.completed", "turn.failed", "turn.cancelled")
+ENDED_STATUSES: tuple[EndedStatus, ...] = ("completed", "failed", "cancelled")
+_EVENTS: dict[EndedStatus, TerminalEvent] = dict(zip(ENDED_STATUSES, TERMINAL_EVENTS, strict=True))
 CANCELLED_ERROR = {"code": "cancelled", "message": "the turn was cancelled"}
 INTERRUPTED_ERROR = {"code": "interrupted", "message": "the server shut down during this turn"}
 
@@ -64,41 +73,66 @@ class HandOff(Exception):
     """A stopping replica's turn reached a checkpoint: it stops here and goes on elsewhere."""
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class Ending:
-    """How a turn ended: the turn's new columns and its last event, and how much is written."""
+    """How a turn ended: its final columns (`changes`) and its last event (`event`, `data`)."""
 
     conversation_id: str
     turn_id: str
-    changes: dict[str, Any]
-    event: str
-    data: dict[str, Any]
-    done: int = 0  # 1 once `TurnRunner._record` committed it
+    status: EndedStatus
+    ended_at: float
+    output: str | None = None
+    stop_reason: str | None = None
+    usage: Usage | None = None  # a failed turn's too: what it spent counts toward its conversation's budget
+    error: Mapping[str, Any] | None = None  # the envelope's body, for a failed turn
+    structured: Any = MISSING  # the output's value, when the turn had an output schema
     fence: int | None = None  # the turn's fencing token: an ending is written only while it holds
 
+    @property
+    def event(self) -> TerminalEvent:
+        return _EVENTS[self.status]
 
-def ending_of(turn: TurnRecord, outcome: Outcome, now: float) -> Ending:
-    changes: dict[str, Any] = {"ended_at": now}
-    data: dict[str, Any] = {"turn_id": turn.id}
+    @property
+    def changes(self) -> dict[str, Any]:
+        """The turn row's new columns."""
+        changes: dict[str, Any] = {"ended_at": self.ended_at, "status": self.status}
+        if self.output is not None:
+            changes["output"] = self.output
+        if self.stop_reason is not None:
+            changes["stop_reason"] = self.stop_reason
+        if self.usage is not None:
+            changes["usage"] = self.usage.to_json()
+        if self.error is not None:
+            changes["error"] = dict(self.error)
+        return changes
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """Its terminal event's data."""
+        data: dict[str, Any] = {"turn_id": self.turn_id}
+        match self.status:
+            case "completed":
+                assert self.usage is not None
+                data.update(output=self.output, stop_reason=self.stop_reason, usage=self.usage.to_json())
+                if self.structured is not MISSING:
+                    data["structured"] = self.structured
+            case "failed":
+                data["error"] = dict(self.error or {})
+        return data
+
+
+def ending_of(turn: TurnRecord, outcome: Outcome, now: float, fence: int | None = None) -> Ending:
+    ended = {"conversation_id": turn.conversation_id, "turn_id": turn.id, "ended_at": now, "fence": fence}
     if isinstance(outcome, Interrupted):
         outcome = Failed(INTERRUPTED_ERROR)
     match outcome:
         case Completed(output=output, stop_reason=stop_reason, usage=usage, structured=structured):
-            changes.update(status="completed", output=output, stop_reason=stop_reason, usage=usage.to_json())
-            data.update(output=output, stop_reason=stop_reason, usage=usage.to_json())
-            if structured is not MISSING:
-                data["structured"] = structured
-            event = "turn.completed"
+            return Ending(status="completed", output=output, stop_reason=stop_reason, usage=usage,
+                          structured=structured, **ended)
         case Failed(error=error, usage=usage):
-            changes.update(status="failed", error=dict(error))
-            if usage is not None:  # spent all the same: a conversation's budget counts it
-                changes["usage"] = usage.to_json()
-            data["error"] = dict(error)
-            event = "turn.failed"
+            return Ending(status="failed", error=dict(error), usage=usage, **ended)
         case _:
-            changes.update(status="cancelled", stop_reason="cancelled")
-            event = "turn.cancelled"
-    return Ending(turn.conversation_id, turn.id, changes, event, data)
+            return Ending(status="cancelled", stop_reason="cancelled", **ended)
 
 
 @dataclass
@@ -114,8 +148,10 @@ class ActiveTurn:
     messages: list[Message] | None = None  # what it added to the transcript, once it ran here
     asked: dict[str, Any] | None = None  # the permission request it waits on
     ending: Ending | None = None  # once it ended (also when the store could not take it)
+    recorded: bool = False  # its ending is in the store (and the conversation released with it)
     fence: int | None = None  # the fencing token its conversation is held under: every write names it
-    stopped: str | None = None  # "lost" (another replica took it over) or "handed_over": it goes on elsewhere
+    stored: bool = False  # its row is in the store: begun here, or begun before and taken over
+    stopped: Stop | None = None  # it goes on elsewhere: no ending here
     hand_off: bool = False  # a stopping replica asks it to stop at its next checkpoint
     usage: Usage | None = None  # what its model requests used so far (`loop.Spent`)
     output: OutputSchema | None = None  # the request's own output schema (the OpenAI route's), if any
@@ -130,20 +166,16 @@ class ActiveTurn:
         self._interrupted = self._interrupted or interrupted
         self.scope.cancel()
 
-    def stop_here(self, why: str) -> None:
-        """It goes on elsewhere (`lost`, `handed_over`): this replica records no ending for it."""
+    def goes_on_elsewhere(self, why: Stop) -> None:
+        """It stops here and goes on elsewhere: this replica records no ending for it."""
         self.stopped = why
-        self.done.set()
-        self.attention.set()
 
-    def abandon(self) -> None:
-        """It never began (its first write failed): nothing of it is stored; whoever waits wakes."""
-        self.done.set()
-        self.attention.set()
-
-    def begin(self, started_seq: int) -> None:
+    def begin(self, started_seq: int, messages: Sequence[Message] = ()) -> None:
+        """Its row and its `turn.started` are in the store: it runs here from now on (`messages`: what
+        an earlier attempt of it added, for a turn taken over)."""
+        self.stored = True
         self.started_seq = started_seq
-        self.messages = []
+        self.messages = list(messages)
 
     def append(self, message: Message) -> None:
         assert self.messages is not None
@@ -162,8 +194,11 @@ class ActiveTurn:
             return self.outcome
         return Interrupted() if self._interrupted else Cancelled()
 
-    def end(self, ending: Ending) -> None:
+    def end(self, ending: Ending | None = None, *, recorded: bool = False) -> None:
+        """It is over here: with its `ending` (`recorded` once the store took it), or none (it goes on
+        elsewhere, or it never began); whoever waits wakes."""
         self.ending = ending
+        self.recorded = recorded
         self.done.set()
         self.attention.set()
 

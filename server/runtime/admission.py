@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import anyio
@@ -114,9 +116,18 @@ class Admission:
             return fence
         except BaseException:
             self._held.pop(turn_id, None)
-            with anyio.CancelScope(shield=True):
-                await self._release(conversation_id, turn_id)
+            await self._release(conversation_id, turn_id)
             raise
+
+    @asynccontextmanager
+    async def holding(self, conversation_id: str, holder: str) -> AsyncIterator[tuple[str, int]]:
+        """Hold the conversation as a turn would, for work that is not a turn (a compaction): (the
+        holder's id, its fencing token) while the block runs; 409 `conversation_busy` while one runs."""
+        fence = await self.enter(conversation_id, holder, "reject")
+        try:
+            yield holder, fence
+        finally:
+            await self.leave(conversation_id, holder)
 
     async def _claim(self, conversation_id: str, turn_id: str) -> int:
         wakeup = self._wakeups.setdefault(conversation_id, _Wakeup())
@@ -158,7 +169,7 @@ class Admission:
         self._running[conversation_id] = turn
 
     async def leave(self, conversation_id: str, turn_id: str, *, released: bool = False) -> None:
-        """The turn is over: the next one in the conversation's queue may run (call shielded).
+        """The turn is over: the next one in the conversation's queue may run.
         `released`: the store already let the conversation go, with the turn's ending."""
         self._held.pop(turn_id, None)
         self._cancelled.discard(turn_id)
@@ -171,8 +182,10 @@ class Admission:
             await self._release(conversation_id, turn_id)
 
     async def _release(self, conversation_id: str, turn_id: str) -> None:
+        """Let the conversation go in the store, even for a cancelled caller: a slot is never kept."""
         try:
-            await self.store.release(conversation_id, turn_id)
+            with anyio.CancelScope(shield=True):
+                await self.store.release(conversation_id, turn_id)
         except StorageError:
             # its lease lapses without the heartbeat's renewal, and recovery frees the conversation
             log.error("could not release conversation %s from turn %s", conversation_id, turn_id)

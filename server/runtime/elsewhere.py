@@ -3,16 +3,19 @@
 With several replicas a turn may run anywhere: `POST …/interrupt` on one
 replica waits for a turn on another to end, and a request whose
 Idempotency-Key another replica's request already holds follows that turn
-as if it were its own. Both wait on the conversation's events, which arrive
-from every replica (persisted, then announced), and re-check the store every
-second in case a notice was lost: no polling interval when notices flow.
+as if it were its own (`joined`; a retried request's turn the store has is
+`found`: one that ended as `stored` presents it, one still running followed).
+Both wait on the conversation's events, which arrive from every replica
+(persisted, then announced), and re-check the store every second in case a
+notice was lost: no polling interval when notices flow.
 
-Not responsible for running, cancelling or recording turns (`conversations`,
+Not responsible for running, cancelling or recording turns (`turn_lifecycle`,
 `turn_runner`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -26,6 +29,7 @@ from .bounds import waited
 from .streams import EventStreams
 
 T = TypeVar("T")
+log = logging.getLogger("corral.conversations")
 
 
 class TurnsElsewhere:
@@ -48,8 +52,24 @@ class TurnsElsewhere:
         (record,) = await self.when(conversation_id, check)
         return record
 
-    async def joined(self, conversation_id: str, turn_id: str, tg: TaskGroup,
-                     stored: Callable[[TurnRecord], Awaitable[ActiveTurn]]) -> ActiveTurn:
+    async def found(self, turn: TurnRecord, tg: TaskGroup) -> ActiveTurn:
+        """The turn the store has under a retried request's key: one that ended, as `stored` presents
+        it; one still running (on another replica, or resumed here), followed until it ends (watched in
+        `tg`), as the first request waits for it (§9)."""
+        if turn.status in ENDED_STATUSES:
+            return await self.stored(turn)
+        log.info("a retried request follows turn %s of conversation %s until it ends", turn.id,
+                 turn.conversation_id)
+        return await self.joined(turn.conversation_id, turn.id, tg)
+
+    async def stored(self, turn: TurnRecord) -> ActiveTurn:
+        """A turn the store holds, as one that ended (a streamed retry replays from its start)."""
+        started_seq = await self.streams.started_seq(turn.conversation_id, turn.id)
+        found = ActiveTurn(record=turn, started_seq=started_seq, stored=True)
+        found.end()
+        return found
+
+    async def joined(self, conversation_id: str, turn_id: str, tg: TaskGroup) -> ActiveTurn:
         """A turn another request started (maybe on another replica): once it has started, as it
         runs (watched in `tg` until it ends); one that already ended, as `stored` presents it."""
 
@@ -60,8 +80,9 @@ class TurnsElsewhere:
                     turn_id=turn_id):
             record = await self.when(conversation_id, started)
         if record.status in ENDED_STATUSES:
-            return await stored(record)
-        turn = ActiveTurn(record=record, started_seq=await self.streams.started_seq(conversation_id, turn_id))
+            return await self.stored(record)
+        turn = ActiveTurn(record=record, started_seq=await self.streams.started_seq(conversation_id, turn_id),
+                          stored=True)
         tg.start_soon(self._watch, turn)
         return turn
 

@@ -75,6 +75,18 @@ class EventHub:
         for sub in list(self._conversations.get(event.conversation_id, ())):
             sub.offer(event)
 
+    def committed(self, conversation_id: str, events: list[tuple[int, tuple[str, dict[str, Any]]]],
+                  now: float) -> None:
+        """Events the store committed (each with its seq), to this replica's live readers (the store
+        tells the other replicas)."""
+        for seq, (name, data) in events:
+            self.publish(EventRecord(seq=seq, conversation_id=conversation_id, name=name, data=data,
+                                     created_at=now))
+
+    def status(self, conversation_id: str, status: str) -> None:
+        """A conversation's new status, on `/v1/events`."""
+        self.publish_global("conversation.status", {"conversation_id": conversation_id, "status": status})
+
     def poke(self, conversation_id: str) -> None:
         for sub in list(self._conversations.get(conversation_id, ())):
             sub.offer(POKE)

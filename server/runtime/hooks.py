@@ -60,6 +60,7 @@ from ..compiler.definitions import HookDefinition
 from ..compiler.documents import HOOK_EVENTS
 from ..compiler.templates import MissingSecret, resolve_secrets
 from ..deployment.vault import NO_VAULT, FileChanged, FileVault
+from ..errors import RunError
 from ..messages import Message
 from ..tools.confinement import NO_REDACTION, Redactor, child_environment
 from ..tools.processes import StartFailed, run_process
@@ -167,6 +168,15 @@ class Hooks:
             hook for hook, matcher in zip(self.hooks, self._matchers, strict=True)
             if hook.event == event and _applies(matcher, event, tool_name)
         ]
+
+    async def submitted(self, text: str, notes: Sequence[str] = ()) -> str:
+        """A prompt past the user_prompt_submit hooks (a turn's, or one steered into it): with the context
+        they add (after `notes`); raises `prompt_blocked` when one denies it."""
+        verdict = await self.run("user_prompt_submit", {"prompt": text})
+        if verdict.decision == "deny":
+            raise RunError(f"the prompt was blocked by a hook: {verdict.reason or 'no reason given'}",
+                           code="prompt_blocked")
+        return "\n\n".join([text, *notes, *verdict.context])
 
     async def run(self, event: str, payload: Mapping[str, Any], *, tool_name: str | None = None,
                   execution_key: str = "") -> Verdict:

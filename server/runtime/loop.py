@@ -19,7 +19,7 @@ result saying the outcome is unknown, and `tool.finished` says
 `"outcome": "unknown"`. Every call carries an execution key that is the
 same on every attempt, so what it reaches can deduplicate.
 
-Context (`context`): before each model request, messages steered into the
+Context (`context_window`): before each model request, messages steered into the
 running turn join it (`steers`), and the request carries the conversation's
 view (`window`: compacted when it must be, refused when it cannot fit).
 
@@ -34,7 +34,7 @@ fails with `output_invalid`; `Done` then carries the JSON text and its value.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -52,7 +52,7 @@ from .structured import MAX_REPAIRS as MAX_OUTPUT_REPAIRS
 from .structured import MISSING, OutputProblem, OutputSchema
 
 if TYPE_CHECKING:
-    from .context import ContextWindow
+    from .context_window import ContextWindow
     from .hooks import Hooks
 
 MAX_REPAIRS = 3
@@ -110,7 +110,7 @@ class TurnPlan:
     budget: Budget | None = None  # the agent's token budget (`budgets`)
     used: Usage = field(default_factory=Usage)  # what earlier attempts of this turn used (committed)
     output: OutputSchema | None = None  # the JSON the final answer must be (`structured`)
-    window: ContextWindow | None = None  # what each model request carries, compacted (`context`)
+    window: ContextWindow | None = None  # what each model request carries, compacted (`context_window`)
     steers: Callable[[], Awaitable[list[Message]]] | None = None  # messages steered in, once committed
 
 
@@ -148,17 +148,7 @@ async def _prompt(plan: TurnPlan) -> str:
     notes: list[str] = []
     if not plan.history:
         notes += (await plan.hooks.run("session_start", {"source": "startup"})).context
-    return await submitted(plan.hooks, plan.input, notes)
-
-
-async def submitted(hooks: Hooks, text: str, notes: Sequence[str] = ()) -> str:
-    """A prompt past the user_prompt_submit hooks (a turn's, or one steered into it): with the context
-    they add; raises `prompt_blocked` when one denies it."""
-    verdict = await hooks.run("user_prompt_submit", {"prompt": text})
-    if verdict.decision == "deny":
-        raise RunError(f"the prompt was blocked by a hook: {verdict.reason or 'no reason given'}",
-                       code="prompt_blocked")
-    return "\n\n".join([text, *notes, *verdict.context])
+    return await plan.hooks.submitted(plan.input, notes)
 
 
 async def _keep_going(plan: TurnPlan, rounds: int) -> str | None:

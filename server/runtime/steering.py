@@ -4,7 +4,9 @@ The message first passes the agent's `user_prompt_submit` hooks, as any
 prompt does (one a hook blocks is refused with `prompt_blocked` and stored
 nowhere; the context hooks add goes with it). It then waits in the store
 for the turn (on whichever replica) to pick it up before its next model
-request (`TurnRunner._steered`); the replica running it is told at once.
+request (`pick_up`, which the running turn calls); the replica running it
+is told at once, and keeps the turns that may have messages waiting
+(`waiting`: a turn that finds none there reads nothing).
 With an Idempotency-Key the key is recorded with the message, so a retry
 answers the same turn and adds nothing.
 
@@ -12,7 +14,7 @@ A turn that ends without picking its messages up leaves each one a turn of
 its own, in the order they came (`left_over`); whatever goes wrong there
 is logged and never reaches the task group every turn runs in.
 
-Not responsible for running turns: `Conversations` passes how to start one.
+Not responsible for running turns: the caller of `left_over` passes how to start one.
 """
 
 from __future__ import annotations
@@ -26,12 +28,14 @@ from anyio.abc import TaskGroup
 
 from ..deployment.registry import Registry
 from ..errors import IdempotencyKeyReused
+from ..messages import Message, UserMessage
 from ..store.base import ConversationRecord, Store
 from ..tools.base import ToolContext
+from .active_turn import ActiveTurn
 from .admission import Admission
-from .loop import submitted
+from .events import EventHub
+from .hooks import Hooks
 from .plans import Runtime
-from .turn_runner import TurnRunner
 
 log = logging.getLogger("corral.steering")
 
@@ -49,14 +53,16 @@ class Steered(Exception):
 
 
 class Steering:
-    def __init__(self, store: Store, registry: Registry, runtime: Runtime, runner: TurnRunner,
-                 admission: Admission, ttl_s: float):
+    def __init__(self, store: Store, registry: Registry, runtime: Runtime, admission: Admission,
+                 hub: EventHub, *, turn_store: Store, ttl_s: float):
         self.store = store
+        self.turn_store = turn_store  # what a running turn writes through (patient: `patience`)
         self.registry = registry
         self.runtime = runtime
-        self.runner = runner
         self.admission = admission
+        self.hub = hub
         self.ttl_s = ttl_s  # how long an Idempotency-Key is remembered
+        self.waiting: set[str] = set()  # turns here that may have steered messages to pick up
 
     async def wanted(self, conversation: ConversationRecord) -> bool:
         """Whether the conversation's agent steers a message sent while it is busy (`on_busy: steer`)."""
@@ -83,7 +89,7 @@ class Steering:
             await self._recorded(conversation, key, asked)
             raise Steered(conversation, holder.turn_id)
         if holder.replica == self.store.replica:
-            self.runner.steered.add(holder.turn_id)  # after the row: a turn that looks finds it
+            self.waiting.add(holder.turn_id)  # after the row: a turn that looks finds it
         else:
             await self.store.notify({"t": "steer", "c": conversation.id, "turn": holder.turn_id,
                                      "to": holder.replica})
@@ -113,15 +119,37 @@ class Steering:
         context = ToolContext(conversation_id=conversation.id, turn_id=turn_id, agent=closure.agent.name,
                               digest=closure.agent.digest, root=closure.root, environ=self.runtime.environ,
                               files=self.runtime.files)
-        hooks = self.runtime.hooks(closure, context)
-        return text if hooks is None else await submitted(hooks, text)
+        hooks: Hooks | None = self.runtime.hooks(closure, context)
+        return text if hooks is None else await hooks.submitted(text)
+
+    async def pick_up(self, conversation_id: str, turn: ActiveTurn,
+                      flush: Callable[[], Awaitable[None]]) -> list[Message]:
+        """The messages steered into `turn` since its last model request, now in its transcript with
+        their `message.steered` events (one transaction, after what the turn's `flush` writes first)."""
+        if turn.id not in self.waiting:
+            return []
+        self.waiting.discard(turn.id)
+        await flush()
+        now = time.time()
+        taken = await self.turn_store.take_steers(conversation_id, turn.id, now, fence=turn.fence)
+        steered = [(seq, ("message.steered", {"turn_id": turn.id, "content": content}))
+                   for content, seq in taken]
+        self.hub.committed(conversation_id, steered, now)
+        messages: list[Message] = [UserMessage(content=content) for content, _ in taken]
+        for message in messages:
+            turn.append(message)
+        return messages
+
+    def resumed(self, turn_id: str) -> None:
+        """A turn taken over here: messages steered into it before its replica stopped wait in the store."""
+        self.waiting.add(turn_id)
 
     def left_over(self, conversation_id: str, turn_id: str, tg: TaskGroup | None, send: Send) -> None:
         """A turn that ended here: the messages steered into it that it did not pick up each start a
         turn of their own, in order. (Several replicas: a notice may be late, so the store is asked.)"""
-        if turn_id not in self.runner.steered and self.store.embedded:
+        if turn_id not in self.waiting and self.store.embedded:
             return
-        self.runner.steered.discard(turn_id)
+        self.waiting.discard(turn_id)
         if tg is not None:
             tg.start_soon(self._turns, conversation_id, turn_id, send)
 
@@ -141,7 +169,6 @@ class Steering:
     def on_notice(self, notice: dict[str, Any]) -> None:
         """A replica's notice: a message steered into a turn running here, or a resync."""
         if notice.get("t") == "steer" and notice.get("to") == self.store.replica:
-            self.runner.steered.add(str(notice.get("turn")))
+            self.waiting.add(str(notice.get("turn")))
         elif notice.get("t") == "resync":  # notices may have been lost: every turn here looks
-            self.runner.steered.update(turn.id for turn in self.admission.running_turns())
-            self.runner.contexts.forget()
+            self.waiting.update(turn.id for turn in self.admission.running_turns())

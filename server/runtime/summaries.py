@@ -3,7 +3,7 @@
 `summarize` asks a model for a summary of part of a conversation (after the
 previous summary) without streaming it anywhere, and returns the text with
 the tokens the request used (they count toward the turn's budget, see
-`context`). A model that answers nothing gets an excerpt in its place.
+`compaction`). A model that answers nothing gets an excerpt in its place.
 `render` writes the conversation as the summary model reads it, clipped to
 what its context window holds.
 """

@@ -1,20 +1,18 @@
-"""Running one turn: drive the loop, persist as it goes, publish what was persisted.
+"""Running one begun turn: drive the loop, persist as it goes, publish what was persisted.
 
 Every event is written to the store first and published second, so a live
 reader and a replaying one see the same sequence. Writes are batched, one
-transaction per model step or tool result (`Journal`): the start is one
-(turn, status, `turn.started`), text deltas wait at most `Journal.WINDOW`
-to go with the next write, a step's deltas commit with its message, a tool
-result with its `tool.finished`, and the end is one (turn, its last event,
-status, the conversation released). A turn ends in exactly one
-of `turn.completed`, `turn.failed` (with the error envelope) or
-`turn.cancelled`; `finish` writes that ending even when the turn was
-cancelled, under a shield. Nothing a turn raises escapes it: a storage
-failure fails the turn with `storage_error` (a store that cannot be reached
-is tried again for the storage grace first, `patience`), a bug with `internal`. An
-ending the store could not take is kept (`ActiveTurn.ending`, so the waiting
-client still gets it) and written once the store is writable again
-(`record_unrecorded`).
+transaction per model step or tool result (`Journal`): text deltas wait at
+most `Journal.WINDOW` to go with the next write, a step's deltas commit with
+its message, a tool result with its `tool.finished`. Nothing a turn raises
+escapes `TurnRunner.run`: its outcome is settled on the turn (a storage
+failure fails it with `storage_error`, after the storage grace of the
+patient store it writes through; a bug with `internal`), or it goes on
+elsewhere (its lease was lost, or it was handed over at a checkpoint).
+
+Not responsible for a turn's beginning (its row and `turn.started`) or its
+ending (the last writes, its terminal event, the conversation let go): both
+are `turn_lifecycle`'s, which runs this in the turn's task.
 """
 
 from __future__ import annotations
@@ -22,129 +20,68 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import TaskGroup
 
 from ..compiler.definitions import Closure
 from ..errors import CorralError, LeaseLost, StorageError
-from ..messages import Message, Usage, UserMessage, repair_history
-from ..store.base import ConversationRecord, EventRecord, TurnRecord
+from ..messages import Message, Usage, repair_history
+from ..store.base import ConversationRecord
 from ..tools.base import ToolContext
-from .active_turn import ActiveTurn, Completed, Ending, Failed, HandOff, ending_of
-from .budgets import Spending
+from .active_turn import ActiveTurn, Completed, Failed, HandOff
 from .checkpoints import Checkpoint
-from .context import Contexts
 from .loop import Append, Done, Emit, Spent, run_turn
-from .patience import PatientStore
-from .transcripts import Transcripts
 
 if TYPE_CHECKING:
     from ..metrics import Metrics
     from ..store.base import Store
+    from .budgets import Spending
+    from .context import Contexts
     from .events import EventHub
     from .plans import Runtime
+    from .steering import Steering
+    from .transcripts import Transcripts
 
 log = logging.getLogger("corral.turns")
 
 
 class TurnRunner:
+    """Runs a begun turn's loop on this replica (its collaborators come from the composition root)."""
+
     def __init__(self, store: Store, runtime: Runtime, hub: EventHub, metrics: Metrics, *,
-                 storage_grace_s: float = 30.0):
-        # a turn outlasts a short outage of the store (§7): it retries what it could not write
-        self.store = cast("Store", PatientStore(store, storage_grace_s))
+                 transcripts: Transcripts, spending: Spending, contexts: Contexts, steering: Steering):
+        self.store = store  # a `PatientStore`: a turn outlasts a short outage of the store (§7)
         self.runtime = runtime
         self.hub = hub
         self.metrics = metrics
-        self.transcripts = Transcripts(store)
-        self.spending = Spending(store)  # each conversation's tokens, for budgets per conversation
-        self.contexts = Contexts(store, runtime, self.transcripts, hub)  # what each request carries
-        self.steered: set[str] = set()  # turns here that may have steered messages to pick up
-        self.unrecorded: list[Ending] = []  # endings the store could not take (see `finish`)
+        self.transcripts = transcripts
+        self.spending = spending  # each conversation's tokens, for budgets per conversation
+        self.contexts = contexts  # what each request carries
+        self.steering = steering  # messages steered into a running turn
 
-    def new_turn(self, conversation: ConversationRecord, closure: Closure, text: str,
-                 key: str | None, turn_id: str, request_digest: str | None = None) -> TurnRecord:
-        return TurnRecord(
-            id=turn_id, conversation_id=conversation.id, agent=closure.agent.name,
-            digest=closure.agent.digest, status="running", input=text, idempotency_key=key,
-            request_digest=request_digest if key else None, started_at=time.time(),
-        )
-
-    async def never_ran(self, active: ActiveTurn) -> ActiveTurn:
-        """Record a turn cancelled while it waited for its slot: started and cancelled, nothing run."""
-        turn = active.record
-        now = time.time()
-        ending = ending_of(turn, active.final_outcome(), now)
-        await self.store.create_turn(replace(turn, **ending.changes))
-        events = [("turn.started", {"turn_id": turn.id, "digest": turn.digest, "agent": turn.agent}),
-                  (ending.event, ending.data)]
-        seqs = await self.store.append(turn.conversation_id, turn.id, [], events, now)
-        self.publish(turn.conversation_id, list(zip(seqs, events, strict=True)), now)
-        active.begin(seqs[0])
-        active.end(ending)
-        self.metrics.turns.inc(turn.agent, ending.changes["status"])
-        return active
-
-    def publish(self, conversation_id: str, events: list[tuple[int, tuple[str, dict[str, Any]]]],
-                now: float) -> None:
-        """Committed events, to this replica's live readers (the store tells the other replicas)."""
-        for seq, (name, data) in events:
-            self.hub.publish(EventRecord(seq=seq, conversation_id=conversation_id, name=name, data=data,
-                                         created_at=now))
-
-    def publish_status(self, conversation_id: str, status: str) -> None:
-        self.hub.publish_global("conversation.status",
-                                {"conversation_id": conversation_id, "status": status})
-
-    async def set_status(self, conversation_id: str, status: str) -> None:
-        await self.store.set_conversation_status(conversation_id, status, time.time())
-        self.publish_status(conversation_id, status)
+    def journal(self, conversation_id: str, turn: ActiveTurn, timers: TaskGroup) -> Journal:
+        """The turn's writer (`timers`: where its delayed flushes run, until its ending is written)."""
+        return Journal(self.store, self.hub, conversation_id, turn, timers)
 
     async def run(self, conversation: ConversationRecord, closure: Closure, active: ActiveTurn,
-                  task_status: Any, *, resumed: Checkpoint | None = None) -> None:
-        """Run a new turn, or (`resumed`) the next attempt of one taken over from a stopped replica."""
-        turn = active.record
-        if resumed is None:
-            now = time.time()
-            started = ("turn.started", {"turn_id": turn.id, "digest": turn.digest, "agent": turn.agent})
-            seq = await self.store.begin_turn(turn, started, now)
-            self.publish_status(conversation.id, "busy")
-            self.publish(conversation.id, [(seq, started)], now)
-            active.begin(seq)
-        else:
-            active.begin(resumed.started_seq)
-            assert active.messages is not None
-            active.messages.extend(resumed.messages)
-        self.metrics.busy.inc(amount=1)
-        task_status.started()
-        # errors are settled inside the task group, which would wrap them in an exception group
-        async with anyio.create_task_group() as flushes:
-            journal = Journal(self, conversation.id, active, flushes)
-            try:
-                await self._run(conversation, closure, active, journal, resumed)
-                await journal.flush()
-            except LeaseLost:
-                active.stopped = "lost"
-            except HandOff:
-                active.stopped = "handed_over"
-            except CorralError as exc:
-                active.settle(Failed(exc.envelope()["error"], usage=active.usage))
-            except Exception:  # a bug must fail this turn, not the task group every turn runs in
-                log.exception("turn %s failed unexpectedly", turn.id)
-                active.settle(Failed({"code": "internal", "message": "internal error during the turn"},
-                                     usage=active.usage))
-            finally:
-                with anyio.CancelScope(shield=True):
-                    try:
-                        await journal.flush()  # deltas still waiting, also when cancelled
-                    except LeaseLost:
-                        active.stopped = "lost"
-                    except StorageError as exc:
-                        active.settle(Failed(exc.envelope()["error"]))
-                if active.hand_off and active.outcome is None and active.stopped is None:
-                    active.stopped = "handed_over"  # cut off at the grace's end: the next attempt goes on
-                flushes.cancel_scope.cancel()
+                  journal: Journal, resumed: Checkpoint | None = None) -> None:
+        """Run a begun turn, or (`resumed`) the next attempt of one taken over from a stopped replica, to
+        its outcome (settled on `active`). Raises nothing but cancellation; the caller ends the turn."""
+        try:
+            await self._run(conversation, closure, active, journal, resumed)
+            await journal.flush()
+        except LeaseLost:
+            active.goes_on_elsewhere("lost")
+        except HandOff:
+            active.goes_on_elsewhere("handed_over")
+        except CorralError as exc:
+            active.settle(Failed(exc.envelope()["error"], usage=active.usage))
+        except Exception:  # a bug must fail this turn, not the task group every turn runs in
+            log.exception("turn %s failed unexpectedly", active.id)
+            active.settle(Failed({"code": "internal", "message": "internal error during the turn"},
+                                 usage=active.usage))
 
     async def _run(self, conversation: ConversationRecord, closure: Closure, active: ActiveTurn,
                    journal: Journal, resumed: Checkpoint | None) -> None:
@@ -155,7 +92,7 @@ class TurnRunner:
             history = list(resumed.history)
         context = ToolContext(conversation_id=conversation.id, turn_id=turn.id, agent=turn.agent,
                               digest=turn.digest, root=closure.root, environ=self.runtime.environ,
-                              channel=_Channel(self, conversation.id, active, journal),
+                              channel=TurnChannel(self.store, self.hub, conversation.id, active, journal),
                               files=self.runtime.files)
         past = tuple(repair_history(history))
         # transcript: the conversation so far, as hooks' transcript_path shows it while the turn runs
@@ -173,25 +110,10 @@ class TurnRunner:
         window = await self.contexts.window(conversation.id, closure, plan.instructions,
                                             [t.spec for t in plan.tools.values()], history, len(past),
                                             turn.id, active.fence, journal.flush)
-        plan = replace(plan, window=window, steers=lambda: self._steered(conversation.id, active, journal))
+        plan = replace(plan, window=window,
+                       steers=lambda: self.steering.pick_up(conversation.id, active, journal.flush))
         async for event in run_turn(plan):
             await self._handle(active, journal, event)
-
-    async def _steered(self, conversation_id: str, active: ActiveTurn, journal: Journal) -> list[Message]:
-        """Messages steered into the turn since its last model request (`if_busy: steer`), now in its
-        transcript with their `message.steered` events (one transaction, after what waited)."""
-        if active.id not in self.steered:
-            return []
-        self.steered.discard(active.id)
-        await journal.flush()
-        now = time.time()
-        taken = await self.store.take_steers(conversation_id, active.id, now, fence=active.fence)
-        self.publish(conversation_id, [(seq, ("message.steered", {"turn_id": active.id, "content": content}))
-                                       for content, seq in taken], now)
-        messages: list[Message] = [UserMessage(content=content) for content, _ in taken]
-        for message in messages:
-            active.append(message)
-        return messages
 
     async def _handle(self, active: ActiveTurn, journal: Journal, event: Any) -> None:
         if isinstance(event, Emit):
@@ -211,66 +133,6 @@ class TurnRunner:
         elif isinstance(event, Done):
             active.settle(Completed(event.output, event.stop_reason, event.usage, event.structured))
 
-    async def finish(self, conversation: ConversationRecord, active: ActiveTurn) -> None:
-        """Record how the turn ended; runs shielded, whatever happened."""
-        turn = active.record
-        now = time.time()
-        if active.stopped is not None:  # it goes on elsewhere: no ending here
-            await self._stop_here(active)
-            return
-        ending = ending_of(turn, active.final_outcome(), now)
-        ending.fence = active.fence
-        try:
-            await self._record(ending)
-        except LeaseLost:  # taken over while it ended: the new holder writes the ending
-            active.stopped = "lost"
-            await self._stop_here(active)
-            return
-        except StorageError:
-            log.error("could not record the end of turn %s: kept until the store is writable", turn.id)
-            self.unrecorded.append(ending)
-        except Exception:
-            log.exception("could not record the end of turn %s", turn.id)
-        finally:
-            active.end(ending)
-            self.metrics.busy.inc(amount=-1)
-            self.metrics.turns.inc(turn.agent, ending.changes["status"])
-            self.metrics.turn_duration.observe(now - turn.started_at, turn.agent)
-
-    async def _stop_here(self, active: ActiveTurn) -> None:
-        turn = active.record
-        if active.stopped == "handed_over" and active.fence is not None:
-            try:
-                await self.store.hand_over(turn.conversation_id, turn.id, active.fence)
-                log.info("turn %s handed over: another replica (or the next start) goes on with it", turn.id)
-            except (StorageError, LeaseLost):
-                log.warning("could not hand turn %s over; its lease lapses on its own", turn.id)
-        else:
-            log.warning("turn %s: another replica took it over (this one's lease lapsed)", turn.id)
-        active.stop_here(active.stopped or "lost")
-        self.metrics.busy.inc(amount=-1)
-
-    async def _record(self, ending: Ending) -> None:
-        """The ending's writes, one transaction (the conversation is released with them)."""
-        now = time.time()
-        event = (ending.event, ending.data)
-        seq = await self.store.end_turn(ending.turn_id, ending.conversation_id, ending.changes, event, now,
-                                        fence=ending.fence)
-        ending.done = 1
-        self.publish(ending.conversation_id, [(seq, event)], now)
-        self.publish_status(ending.conversation_id, "idle")
-
-    async def record_unrecorded(self) -> None:
-        """The store is writable again: write the endings it could not take."""
-        pending, self.unrecorded = self.unrecorded, []
-        for ending in pending:
-            try:
-                await self._record(ending)
-            except StorageError:
-                self.unrecorded.append(ending)
-            except LeaseLost:  # taken over meanwhile: the new holder writes its ending
-                pass
-
 
 class Journal:
     """A turn's writes, batched into as few transactions as a live stream allows.
@@ -282,11 +144,13 @@ class Journal:
 
     WINDOW = 0.02
 
-    def __init__(self, runner: TurnRunner, conversation_id: str, active: ActiveTurn, flushes: TaskGroup):
-        self.runner = runner
+    def __init__(self, store: Store, hub: EventHub, conversation_id: str, active: ActiveTurn,
+                 timers: TaskGroup):
+        self.store = store
+        self.hub = hub
         self.conversation_id = conversation_id
         self.active = active
-        self.flushes = flushes
+        self.timers = timers
         self.events: list[tuple[str, dict[str, Any]]] = []
         self.messages: list[Message] = []
         self.failed: StorageError | LeaseLost | None = None  # a timed flush that could not commit
@@ -301,7 +165,7 @@ class Journal:
             await self.flush()
         elif not self._timer:
             self._timer = True
-            self.flushes.start_soon(self._flush_later)
+            self.timers.start_soon(self._flush_later)
 
     async def message(self, message: Message) -> None:
         self.messages.append(message)
@@ -326,18 +190,20 @@ class Journal:
             messages, self.messages = self.messages, []
             now = time.time()
             usage = self.usage if self.usage != self._written else None
-            seqs = await self.runner.store.append(self.conversation_id, self.active.id, messages, events, now,
-                                                  fence=self.active.fence,
-                                                  usage=None if usage is None else usage.to_json())
+            seqs = await self.store.append(self.conversation_id, self.active.id, messages, events, now,
+                                           fence=self.active.fence,
+                                           usage=None if usage is None else usage.to_json())
             self._written = usage or self._written
-            self.runner.publish(self.conversation_id, list(zip(seqs, events, strict=True)), now)
+            self.hub.committed(self.conversation_id, list(zip(seqs, events, strict=True)), now)
 
 
-class _Channel:
+class TurnChannel:
     """A turn's way back from its tool calls: events, the waiting status, and its lease."""
 
-    def __init__(self, runner: TurnRunner, conversation_id: str, active: ActiveTurn, journal: Journal):
-        self.runner = runner
+    def __init__(self, store: Store, hub: EventHub, conversation_id: str, active: ActiveTurn,
+                 journal: Journal):
+        self.store = store
+        self.hub = hub
         self.conversation_id = conversation_id
         self.active = active
         self.turn_id = active.id
@@ -349,9 +215,11 @@ class _Channel:
             self.active.ask(data)
 
     async def waiting(self, on: bool) -> None:
-        await self.runner.store.update_turn(self.turn_id, status="waiting" if on else "running",
-                                            fence=self.active.fence)
-        await self.runner.set_status(self.conversation_id, "waiting" if on else "busy")
+        await self.store.update_turn(self.turn_id, status="waiting" if on else "running",
+                                     fence=self.active.fence)
+        status = "waiting" if on else "busy"
+        await self.store.set_conversation_status(self.conversation_id, status, time.time())
+        self.hub.status(self.conversation_id, status)
 
     async def confirm(self) -> None:
         """Right before a side effect (a tool call, a hook, acting on a permission decision): raise
@@ -359,7 +227,7 @@ class _Channel:
         alone would let a replica paused past its lease run a tool before its next write finds out
         that another replica took the turn over (and recorded that call's outcome as unknown). One
         process on the embedded store holds every turn it runs: nothing to ask."""
-        store, fence = self.runner.store, self.active.fence
+        store, fence = self.store, self.active.fence
         if store.embedded or fence is None:
             return
         holder = await store.holder(self.conversation_id)

@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import anyio
 import httpx
@@ -38,10 +39,22 @@ from ..deployment.vault import FileVault
 from ..deployment.watcher import watch
 from ..errors import CorralError
 from ..metrics import Metrics
+from ..runtime.admission import Admission
+from ..runtime.budgets import Spending
+from ..runtime.context import Contexts
 from ..runtime.conversations import Conversations
+from ..runtime.elsewhere import TurnsElsewhere
 from ..runtime.events import EventHub
+from ..runtime.idempotency import IdempotencyKeys
+from ..runtime.patience import PatientStore
 from ..runtime.permissions import PermissionBroker
 from ..runtime.plans import Runtime
+from ..runtime.steering import Steering
+from ..runtime.streams import EventStreams
+from ..runtime.transcripts import Transcripts
+from ..runtime.turn_lifecycle import TurnLifecycle
+from ..runtime.turn_results import TurnResults
+from ..runtime.turn_runner import TurnRunner
 from ..settings import Settings
 from ..store.base import Store
 from ..store.health import StoreHealth
@@ -153,10 +166,7 @@ def _assemble(settings: Settings, compiler: Compiler, definitions: DefinitionSet
     secrets.learn(d.spec for d in definitions)
     runtime = Runtime(client, mcp=mcp, permissions=permissions, metrics=metrics, files=files, secrets=secrets,
                       transcripts=settings.state_dir / "transcripts")
-    conversations = Conversations(store, registry, runtime, hub, metrics,
-                                  idempotency_ttl_s=settings.idempotency_ttl_s,
-                                  max_turns=settings.max_concurrent_turns, lease_s=settings.lease_s,
-                                  storage_grace_s=settings.storage_grace_s)
+    conversations = _conversations(settings, store, registry, runtime, hub, metrics)
     # a swap report's busy turns are every replica's: the store knows them all
     swapper = Swapper(compiler, registry, store.running_turns, store, hub.publish_global, metrics,
                       locked=settings.locked, replica=store.replica)
@@ -165,9 +175,31 @@ def _assemble(settings: Settings, compiler: Compiler, definitions: DefinitionSet
                       set_digest=lambda: registry.current.digest, metrics=metrics)
     swapper.listeners.append(_mcp_follows_swaps(mcp, registry))
     swapper.listeners.append(_secrets_follow_swaps(secrets, registry))
-    health.on_recovered.append(conversations.runner.record_unrecorded)
+    health.on_recovered.append(conversations.turns.record_unrecorded)
     return Service(settings, compiler, registry, store, runtime, hub, metrics, conversations, swapper,
                    permissions, replica, health), mcp
+
+
+def _conversations(settings: Settings, store: Store, registry: Registry, runtime: Runtime, hub: EventHub,
+                   metrics: Metrics) -> Conversations:
+    """The run stage's parts, each built once and handed to those that use it."""
+    # what a turn writes outlasts a short outage of the store (§7): it retries for the storage grace
+    turn_store = cast(Store, PatientStore(store, settings.storage_grace_s))
+    ttl_s = settings.idempotency_ttl_s
+    transcripts = Transcripts(store)
+    contexts = Contexts(store, runtime, transcripts, hub)
+    admission = Admission(store, lease_s=settings.lease_s, max_turns=settings.max_concurrent_turns)
+    keys = IdempotencyKeys(store, ttl_s)
+    streams = EventStreams(store, hub)
+    elsewhere = TurnsElsewhere(store, admission, streams)
+    steering = Steering(store, registry, runtime, admission, hub, turn_store=turn_store, ttl_s=ttl_s)
+    runner = TurnRunner(turn_store, runtime, hub, metrics, transcripts=transcripts, spending=Spending(store),
+                        contexts=contexts, steering=steering)
+    turns = TurnLifecycle(store, registry, runner, admission, keys, steering, elsewhere, hub, metrics,
+                          turn_store=turn_store)
+    return Conversations(store=store, registry=registry, runtime=runtime, admission=admission, keys=keys,
+                         steering=steering, turns=turns, elsewhere=elsewhere, streams=streams,
+                         results=TurnResults(store, registry, elsewhere), contexts=contexts)
 
 
 def _mcp_connections(root: Path, locked: bool, hub: EventHub, files: FileVault) -> MCPConnections:
