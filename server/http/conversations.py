@@ -13,9 +13,9 @@ from starlette.routing import Route
 
 from ..errors import RequestError
 from ..runtime import waits
-from ..runtime.active_turn import TERMINAL_EVENTS
 from ..runtime.steering import Steered
 from ..store.base import ConversationRecord, EventRecord, TurnRecord
+from ..turn_events import ends
 from .plumbing import KEEP_ALIVE, BrokenOff, iso, page, page_params, read_json, sse_frame, sse_response
 
 MAX_METADATA_BYTES = 16 * 1024  # §10: metadata is at most 16 KiB as (compact, UTF-8) JSON
@@ -174,10 +174,13 @@ async def _frames(events: AsyncIterator[EventRecord | None],
     """SSE frames of a conversation's events; they end cleanly only after `until_turn`'s terminal event.
     Events that stop before it (the server stops; for a conversation's stream, which has no end, at
     any time) break the stream off, so a client cannot take it for finished (§8)."""
-    async for event in events:
-        yield KEEP_ALIVE if event is None else sse_frame(event.name, event.data, event.seq)
-        if (until_turn is not None and event is not None and event.name in TERMINAL_EVENTS
-                and event.data.get("turn_id") == until_turn):
+    async for record in events:
+        if record is None:
+            yield KEEP_ALIVE
+            continue
+        event = record.event
+        yield sse_frame(event.name, event.to_json(), record.seq)
+        if until_turn is not None and ends(event, until_turn):
             return
     raise BrokenOff
 

@@ -24,11 +24,18 @@ from typing import Any
 import anyio
 
 from ..messages import Message, Usage
+from ..statuses import EndedStatus
 from ..store.base import TurnRecord
+from ..turn_events import (
+    ABSENT,
+    PermissionRequested,
+    TurnCancelled,
+    TurnCompleted,
+    TurnEnded,
+    TurnFailed,
+)
 from .structured import MISSING, OutputSchema
 
-TERMINAL_EVENTS = ("turn.completed", "turn.failed", "turn.cancelled")
-ENDED_STATUSES = ("completed", "failed", "cancelled")
 CANCELLED_ERROR = {"code": "cancelled", "message": "the turn was cancelled"}
 INTERRUPTED_ERROR = {"code": "interrupted", "message": "the server shut down during this turn"}
 
@@ -79,26 +86,24 @@ class Ending:
 
 def ending_of(turn: TurnRecord, outcome: Outcome, now: float) -> Ending:
     changes: dict[str, Any] = {"ended_at": now}
-    data: dict[str, Any] = {"turn_id": turn.id}
     if isinstance(outcome, Interrupted):
         outcome = Failed(INTERRUPTED_ERROR)
+    event: TurnEnded
     match outcome:
         case Completed(output=output, stop_reason=stop_reason, usage=usage, structured=structured):
             changes.update(status="completed", output=output, stop_reason=stop_reason, usage=usage.to_json())
-            data.update(output=output, stop_reason=stop_reason, usage=usage.to_json())
-            if structured is not MISSING:
-                data["structured"] = structured
-            event = "turn.completed"
+            event = TurnCompleted(turn_id=turn.id, output=output, stop_reason=stop_reason,
+                                  usage=usage.to_json(),
+                                  structured=ABSENT if structured is MISSING else structured)
         case Failed(error=error, usage=usage):
             changes.update(status="failed", error=dict(error))
             if usage is not None:  # spent all the same: a conversation's budget counts it
                 changes["usage"] = usage.to_json()
-            data["error"] = dict(error)
-            event = "turn.failed"
+            event = TurnFailed(turn_id=turn.id, error=dict(error))
         case _:
             changes.update(status="cancelled", stop_reason="cancelled")
-            event = "turn.cancelled"
-    return Ending(turn.conversation_id, turn.id, changes, event, data)
+            event = TurnCancelled(turn_id=turn.id)
+    return Ending(turn.conversation_id, turn.id, changes, event.name, event.to_json())
 
 
 @dataclass
@@ -112,7 +117,7 @@ class ActiveTurn:
     started_seq: int = 0  # the seq of its `turn.started`: a stream of this turn replays from there
     outcome: Outcome | None = None
     messages: list[Message] | None = None  # what it added to the transcript, once it ran here
-    asked: dict[str, Any] | None = None  # the permission request it waits on
+    asked: PermissionRequested | None = None  # the permission request it waits on
     ending: Ending | None = None  # once it ended (also when the store could not take it)
     fence: int | None = None  # the fencing token its conversation is held under: every write names it
     stopped: str | None = None  # "lost" (another replica took it over) or "handed_over": it goes on elsewhere
@@ -149,7 +154,7 @@ class ActiveTurn:
         assert self.messages is not None
         self.messages.append(message)
 
-    def ask(self, request: dict[str, Any]) -> None:
+    def ask(self, request: PermissionRequested) -> None:
         self.asked = request
         self.attention.set()
 
@@ -175,7 +180,7 @@ class TurnResult:
     turn_id: str
     conversation_id: str
     digest: str
-    status: str  # completed | failed | cancelled
+    status: EndedStatus
     output: str | None
     messages: tuple[Message, ...]
     usage: Mapping[str, int]

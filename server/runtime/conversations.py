@@ -33,6 +33,7 @@ from ..errors import (
     ConversationNotFound,
     CorralError,
     IdempotencyKeyReused,
+    Overloaded,
     RequestError,
     StorageError,
     TurnNotFound,
@@ -40,8 +41,9 @@ from ..errors import (
 from ..ids import new_id
 from ..messages import Message
 from ..metrics import Metrics
+from ..statuses import ENDED_STATUSES
 from ..store.base import ConversationRecord, EventRecord, Store, TurnRecord
-from .active_turn import ENDED_STATUSES, ActiveTurn, Failed, TurnResult
+from .active_turn import ActiveTurn, Failed, TurnResult
 from .admission import Admission, KeyTaken, Superseded
 from .bounds import waited
 from .checkpoints import Checkpoint, checkpoint_of
@@ -224,7 +226,7 @@ class Conversations:
             raise RequestError("the message must not contain NUL characters")
         conversation = await self.get(conversation_id)
         if not self.accepting:
-            raise CorralError("the server is shutting down", code="overloaded")
+            raise Overloaded("the server is shutting down")
         self.admission.check_capacity()
         asked = request_digest(text, if_busy) if idempotency_key else None
         if if_busy == "steer" or (if_busy is None and await self.steering.wanted(conversation)):
@@ -275,7 +277,7 @@ class Conversations:
             return await self.elsewhere.joined(conversation.id, taken.turn_id, self._tg, self._stored)
         try:
             if not self.accepting:  # shutdown began while this turn waited for its slot
-                raise CorralError("the server is shutting down", code="overloaded")
+                raise Overloaded("the server is shutting down")
             conversation = await self.get(conversation.id)
             # what is current now that it is our turn
             closure = await self.registry.resolve(conversation.agent)
@@ -374,9 +376,8 @@ class Conversations:
         """The answer of a turn, once it has ended (wherever it went on, for one taken over)."""
         await turn.done.wait()
         if turn.stopped == "handed_over":
-            raise CorralError("this replica is stopping: the turn goes on elsewhere; read the conversation,"
-                              " or retry with the same Idempotency-Key", code="overloaded",
-                              details={"turn_id": turn.id})
+            raise Overloaded("this replica is stopping: the turn goes on elsewhere; read the conversation,"
+                             " or retry with the same Idempotency-Key", details={"turn_id": turn.id})
         if turn.stopped == "lost":
             await self.elsewhere.ended(turn.record.conversation_id, turn.id)
             turn.messages = None  # what this replica saw of it is not the whole turn

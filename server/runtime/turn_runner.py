@@ -30,8 +30,17 @@ from anyio.abc import TaskGroup
 from ..compiler.definitions import Closure
 from ..errors import CorralError, LeaseLost, StorageError
 from ..messages import Message, Usage, UserMessage, repair_history
+from ..statuses import ConversationStatus
 from ..store.base import ConversationRecord, EventRecord, TurnRecord
 from ..tools.base import ToolContext
+from ..turn_events import (
+    MessageDelta,
+    MessageSteered,
+    PermissionRequested,
+    ToolFinished,
+    TurnEvent,
+    TurnStarted,
+)
 from .active_turn import ActiveTurn, Completed, Ending, Failed, HandOff, ending_of
 from .budgets import Spending
 from .checkpoints import Checkpoint
@@ -77,8 +86,7 @@ class TurnRunner:
         now = time.time()
         ending = ending_of(turn, active.final_outcome(), now)
         await self.store.create_turn(replace(turn, **ending.changes))
-        events = [("turn.started", {"turn_id": turn.id, "digest": turn.digest, "agent": turn.agent}),
-                  (ending.event, ending.data)]
+        events = [_started(turn).wire(), (ending.event, ending.data)]
         seqs = await self.store.append(turn.conversation_id, turn.id, [], events, now)
         self.publish(turn.conversation_id, list(zip(seqs, events, strict=True)), now)
         active.begin(seqs[0])
@@ -93,11 +101,11 @@ class TurnRunner:
             self.hub.publish(EventRecord(seq=seq, conversation_id=conversation_id, name=name, data=data,
                                          created_at=now))
 
-    def publish_status(self, conversation_id: str, status: str) -> None:
+    def publish_status(self, conversation_id: str, status: ConversationStatus) -> None:
         self.hub.publish_global("conversation.status",
                                 {"conversation_id": conversation_id, "status": status})
 
-    async def set_status(self, conversation_id: str, status: str) -> None:
+    async def set_status(self, conversation_id: str, status: ConversationStatus) -> None:
         await self.store.set_conversation_status(conversation_id, status, time.time())
         self.publish_status(conversation_id, status)
 
@@ -107,7 +115,7 @@ class TurnRunner:
         turn = active.record
         if resumed is None:
             now = time.time()
-            started = ("turn.started", {"turn_id": turn.id, "digest": turn.digest, "agent": turn.agent})
+            started = _started(turn).wire()
             seq = await self.store.begin_turn(turn, started, now)
             self.publish_status(conversation.id, "busy")
             self.publish(conversation.id, [(seq, started)], now)
@@ -186,7 +194,7 @@ class TurnRunner:
         await journal.flush()
         now = time.time()
         taken = await self.store.take_steers(conversation_id, active.id, now, fence=active.fence)
-        self.publish(conversation_id, [(seq, ("message.steered", {"turn_id": active.id, "content": content}))
+        self.publish(conversation_id, [(seq, MessageSteered(turn_id=active.id, content=content).wire())
                                        for content, seq in taken], now)
         messages: list[Message] = [UserMessage(content=content) for content, _ in taken]
         for message in messages:
@@ -195,12 +203,11 @@ class TurnRunner:
 
     async def _handle(self, active: ActiveTurn, journal: Journal, event: Any) -> None:
         if isinstance(event, Emit):
+            emitted = event.event
             # a delta waits for company; a tool's result goes with the message that follows it
-            later = event.name in ("message.delta", "tool.finished")
-            await journal.event(event.name, event.data, later=later)
-            if event.name == "tool.finished":
-                outcome = "error" if event.data["is_error"] else "ok"
-                self.metrics.tool_calls.inc(event.data["name"], outcome)
+            await journal.event(emitted, later=isinstance(emitted, MessageDelta | ToolFinished))
+            if isinstance(emitted, ToolFinished):
+                self.metrics.tool_calls.inc(emitted.tool, "error" if emitted.is_error else "ok")
         elif isinstance(event, Append):
             await journal.message(event.message)
             active.append(event.message)
@@ -272,6 +279,10 @@ class TurnRunner:
                 pass
 
 
+def _started(turn: TurnRecord) -> TurnStarted:
+    return TurnStarted(turn_id=turn.id, digest=turn.digest, agent=turn.agent)
+
+
 class Journal:
     """A turn's writes, batched into as few transactions as a live stream allows.
 
@@ -295,8 +306,8 @@ class Journal:
         self._timer = False
         self._lock = anyio.Lock()
 
-    async def event(self, name: str, data: dict[str, Any], *, later: bool = False) -> None:
-        self.events.append((name, data))
+    async def event(self, event: TurnEvent, *, later: bool = False) -> None:
+        self.events.append(event.wire())
         if not later:
             await self.flush()
         elif not self._timer:
@@ -343,10 +354,10 @@ class _Channel:
         self.turn_id = active.id
         self.journal = journal
 
-    async def emit(self, name: str, data: dict[str, Any]) -> None:
-        await self.journal.event(name, data)
-        if name == "permission.requested":
-            self.active.ask(data)
+    async def emit(self, event: TurnEvent) -> None:
+        await self.journal.event(event)
+        if isinstance(event, PermissionRequested):
+            self.active.ask(event)
 
     async def waiting(self, on: bool) -> None:
         await self.runner.store.update_turn(self.turn_id, status="waiting" if on else "running",

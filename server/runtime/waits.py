@@ -22,8 +22,9 @@ import anyio
 
 from ..clock import iso
 from ..errors import TurnNotFound
+from ..statuses import ENDED_STATUSES
 from ..store.base import Store, TurnRecord
-from .active_turn import ENDED_STATUSES, ActiveTurn, TurnResult
+from .active_turn import ActiveTurn, TurnResult
 
 if TYPE_CHECKING:
     from .conversations import Conversations
@@ -93,7 +94,7 @@ class _Follow:
 
     async def check(self) -> tuple[Waiting | None] | None:
         turn = self.turn
-        asked = turn.asked["request_id"] if turn.asked is not None else None  # before the store is read
+        asked = turn.asked.request_id if turn.asked is not None else None  # before the store is read
         if self.here:
             if turn.done.is_set():
                 return (None,)
