@@ -103,9 +103,7 @@ async def chat_completions(request: Request) -> Response:
         raise RequestError("the last user message is empty")
     output = _output(body.response_format)
     conversations = service.conversations
-    conversation = await conversations.create(body.model, None, {"source": "openai"})
-    if history:
-        await service.store.append_messages(conversation.id, "", history, time.time())
+    conversation = await conversations.create(body.model, None, {"source": "openai"}, history)
     turn = await conversations.send(conversation.id, text, output=output)
     completion_id = "chatcmpl-" + turn.id
     created = int(time.time())

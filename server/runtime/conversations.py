@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -134,7 +134,9 @@ class Conversations:
 
     # --- conversations -------------------------------------------------------
 
-    async def create(self, agent: str, title: str | None, metadata: dict[str, Any]) -> ConversationRecord:
+    async def create(self, agent: str, title: str | None, metadata: dict[str, Any],
+                     history: Sequence[Message] = ()) -> ConversationRecord:
+        """A new conversation; `history`: messages it begins with (the OpenAI route's earlier ones)."""
         if title is not None and "\x00" in title:
             raise RequestError("the title must not contain NUL characters")
         closure = await self.registry.resolve(agent)
@@ -145,6 +147,8 @@ class Conversations:
             status="idle", created_at=now, updated_at=now,
         )
         await self.store.create_conversation(record)
+        if history:
+            await self.store.append_messages(record.id, "", list(history), time.time())
         return record
 
     async def get(self, conversation_id: str) -> ConversationRecord:

@@ -42,6 +42,7 @@ from ..runtime.conversations import Conversations
 from ..runtime.events import EventHub
 from ..runtime.permissions import PermissionBroker
 from ..runtime.plans import Runtime
+from ..runtime.records import Records
 from ..settings import Settings
 from ..store.base import Store
 from ..store.health import StoreHealth
@@ -64,6 +65,7 @@ class Service:
     hub: EventHub
     metrics: Metrics
     conversations: Conversations
+    records: Records  # what the surfaces read of conversations (never the store itself)
     swapper: Swapper
     permissions: PermissionBroker
     replica: Replica
@@ -166,8 +168,8 @@ def _assemble(settings: Settings, compiler: Compiler, definitions: DefinitionSet
     swapper.listeners.append(_mcp_follows_swaps(mcp, registry))
     swapper.listeners.append(_secrets_follow_swaps(secrets, registry))
     health.on_recovered.append(conversations.runner.record_unrecorded)
-    return Service(settings, compiler, registry, store, runtime, hub, metrics, conversations, swapper,
-                   permissions, replica, health), mcp
+    return Service(settings, compiler, registry, store, runtime, hub, metrics, conversations, Records(store),
+                   swapper, permissions, replica, health), mcp
 
 
 def _mcp_connections(root: Path, locked: bool, hub: EventHub, files: FileVault) -> MCPConnections:
