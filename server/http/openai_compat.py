@@ -142,16 +142,16 @@ async def _result(conversations: Conversations, turn: ActiveTurn) -> TurnResult:
 
 
 def permission_required(conversation_id: str, turn_id: str,
-                        requests: tuple[dict[str, Any], ...]) -> CorralError:
+                        requests: tuple[waits.PendingRequest, ...]) -> CorralError:
     """A turn that waits on a person: it goes on once someone answers, and its result is read from the
     conversation (as the MCP tool says it)."""
     first, path = requests[0], f"/v1/conversations/{conversation_id}"
     return CorralError(
-        f"the agent wants to call {first['tool']} and needs a person's approval: POST "
-        f"{path}/permissions/{first['request_id']} with {{\"decision\": \"allow\"}} (or \"deny\"); the "
+        f"the agent wants to call {first.tool} and needs a person's approval: POST "
+        f"{path}/permissions/{first.request_id} with {{\"decision\": \"allow\"}} (or \"deny\"); the "
         f"turn then goes on, and its result is read with GET {path}/turns/{turn_id}?wait=60",
         code="permission_required", details={"conversation_id": conversation_id, "turn_id": turn_id,
-                                             "permission_requests": list(requests)})
+                                             "permission_requests": [r.to_json() for r in requests]})
 
 
 def _usage(usage: Mapping[str, int]) -> dict[str, int]:
@@ -203,8 +203,8 @@ def _last(conversation_id: str, event: TurnEnded | PermissionRequested, frame: C
 
 def _waits_on(conversation_id: str, event: PermissionRequested) -> bytes:
     """The error chunk of a streamed turn that waits on a person (its `permission.requested` event)."""
-    request = {"request_id": event.request_id, "tool": event.tool, "input": event.arguments,
-               "expires_at": event.expires_at}
+    request = waits.PendingRequest(request_id=event.request_id, tool=event.tool, input=event.arguments,
+                                   expires_at=event.expires_at)
     body = permission_required(conversation_id, event.turn_id, (request,)).envelope()["error"]
     return b"data: " + json.dumps({"error": {**body, "type": body["code"]}}).encode() + b"\n\n"
 
