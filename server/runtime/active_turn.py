@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 
 from ..messages import Message, Usage
-from ..statuses import EndedStatus
+from ..statuses import TurnStatus
 from ..store.base import TurnRecord
 from ..turn_events import (
     ABSENT,
@@ -180,7 +180,7 @@ class TurnResult:
     turn_id: str
     conversation_id: str
     digest: str
-    status: EndedStatus
+    status: TurnStatus  # an ended one's, or running / waiting for one read as it runs (`waits.read`)
     output: str | None
     messages: tuple[Message, ...]
     usage: Mapping[str, int]

@@ -2,9 +2,10 @@
 
 prepare -> call the model (streaming) -> run the tool calls it asked for ->
 feed the results back -> ... -> a final answer. It yields `Emit` (a public
-turn event), `Append` (a message for the transcript) and finally `Done`;
-failures are raised as `RunError`s with a stable code. The HTTP routes, the
-OpenAI-compatible route, MCP and `corral chat` all drive this one generator.
+turn event, one of `turn_events`), `Append` (a message for the transcript)
+and finally `Done`; failures are raised as `RunError`s with a stable code.
+The HTTP routes, the OpenAI-compatible route, MCP and `corral chat` all
+drive this one generator.
 
 Guards: tool input is validated against the tool's schema and errors go back
 to the model (at most `MAX_REPAIRS` times a turn); the same call with the
@@ -67,6 +68,8 @@ UNKNOWN_OUTCOME = ("the outcome of this call is unknown: the server running it s
 
 @dataclass(frozen=True, slots=True)
 class Emit:
+    """A public turn event; `name` and `data` are its wire form."""
+
     event: TurnEvent
 
     @property
