@@ -13,6 +13,8 @@
     │   ├── DuplicateIdempotencyKey  the store already has a turn with that key
     │   └── PermissionNotFound
     ├── StateOwned                   another live process owns the embedded store (its pid and URL)
+    ├── Overloaded                   the server cannot take this now (at capacity, stopping): retry later
+    │   └── TimedOut                 a bounded wait ran out (`runtime.bounds.waited`): retry later
     └── RunError                     something failed while a turn ran
         ├── ModelError
         │   └── ProviderError        a failed model call, `retryable` or not
@@ -235,6 +237,23 @@ class StateOwned(CorralError):
     def url(self) -> str | None:
         url = self.record.get("url")
         return url if isinstance(url, str) and url else None
+
+
+class Overloaded(CorralError):
+    """The server cannot take this request now: too many turns, shutting down, or the turn went on
+    elsewhere. The same request may work shortly (503)."""
+
+    code = "overloaded"
+
+
+class TimedOut(Overloaded):
+    """A bounded wait whose end reaches a client ran out: `what` did not happen within `seconds`.
+    Retrying later is the answer, as for any overload; `details` say what was waited for and how long."""
+
+    def __init__(self, what: str, seconds: float, **details: Any):
+        super().__init__(f"{what} within {seconds:g} s; try again shortly",
+                         details={**details, "waited_s": seconds})
+        self.seconds = seconds
 
 
 class RunError(CorralError):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import time
+from typing import Any
 
 from ..canonical import is_digest
 from ..compiler.definitions import (
@@ -116,6 +117,19 @@ class Registry:
             raise DigestNotFound(f"agent {name!r} was never served with digest {digest}",
                                  details={"agent": name, "digest": digest})
         return closure
+
+    # --- aliases (`PUT/GET/DELETE /v1/agents/{name}/aliases`): names for a digest, moved by hand ---
+
+    async def set_alias(self, name: str, alias: str, digest: str) -> None:
+        await self.store.set_alias(name, alias, digest, time.time())
+
+    async def aliases(self, name: str) -> list[dict[str, Any]]:
+        """The agent's aliases: `{"alias", "digest", "updated_at"}` each."""
+        return await self.store.list_aliases(name)
+
+    async def delete_alias(self, name: str, alias: str) -> bool:
+        """Whether the agent had that alias."""
+        return await self.store.delete_alias(name, alias)
 
     async def _alias(self, name: str, alias: str) -> str:
         digest = await self.store.get_alias(name, alias)

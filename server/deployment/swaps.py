@@ -132,6 +132,10 @@ class Swapper:
         self._rejected = False  # the last report was a rejection
         self._compiling = threading.Lock()  # held by the compile thread, abandoned or not
 
+    async def history(self, *, limit: int, after: str | None) -> list[dict[str, Any]]:
+        """Past swaps (every replica's), newest first, as recorded (`GET /v1/definitions/history`)."""
+        return await self.store.list_swaps(limit=limit, after=after)
+
     async def reload(self, trigger: str, changed: Iterable[str] | None = None) -> SwapReport:
         """Compile and swap; `changed` (from the watcher) lets the compiler look at those paths only."""
         async with self._one_at_a_time:

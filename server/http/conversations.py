@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool
 from starlette.requests import Request
@@ -13,9 +13,11 @@ from starlette.routing import Route
 
 from ..errors import RequestError
 from ..runtime import waits
-from ..runtime.active_turn import TERMINAL_EVENTS
+from ..runtime.records import Records
 from ..runtime.steering import Steered
+from ..statuses import CONVERSATION_STATUSES, ConversationStatus
 from ..store.base import ConversationRecord, EventRecord, TurnRecord
+from ..turn_events import ends
 from .plumbing import KEEP_ALIVE, BrokenOff, iso, page, page_params, read_json, sse_frame, sse_response
 
 MAX_METADATA_BYTES = 16 * 1024  # §10: metadata is at most 16 KiB as (compact, UTF-8) JSON
@@ -65,6 +67,10 @@ def _conversations(request: Request):
     return request.app.state.service.conversations
 
 
+def _records(request: Request) -> Records:
+    return request.app.state.service.records
+
+
 def conversation_json(c: ConversationRecord) -> dict[str, Any]:
     return {
         "id": c.id, "agent": c.agent, "agent_name": c.agent_name, "digest": c.digest,
@@ -94,14 +100,14 @@ async def list_conversations(request: Request) -> Response:
     limit, cursor = page_params(request)
     q = request.query_params
     status = q.get("status")
-    if status is not None and status not in ("idle", "busy", "waiting"):
+    if status is not None and status not in CONVERSATION_STATUSES:
         raise RequestError("status must be idle, busy or waiting")
     archived = q.get("archived", "false")
     if archived not in ("true", "false"):
         raise RequestError("archived must be true or false")
-    records = await request.app.state.service.store.list_conversations(
-        agent=q.get("agent"), digest=q.get("digest"), status=status, limit=limit + 1, after=cursor,
-        archived=archived == "true",
+    records = await _records(request).conversations(
+        agent=q.get("agent"), digest=q.get("digest"), status=cast(ConversationStatus | None, status),
+        archived=archived == "true", limit=limit + 1, after=cursor,
     )
     return JSONResponse(page([conversation_json(r) for r in records], limit, lambda c: c["id"]))
 
@@ -114,7 +120,7 @@ async def get_conversation(request: Request) -> Response:
 async def _with_turns(request: Request, record: ConversationRecord) -> dict[str, Any]:
     """A conversation as GET answers it: with the digest of every turn."""
     body = conversation_json(record)
-    turns = await request.app.state.service.store.list_turns(record.id, limit=10_000)
+    turns = await _records(request).turns(record.id)
     body["turns"] = [{"id": t.id, "digest": t.digest, "status": t.status} for t in turns]
     return body
 
@@ -174,10 +180,13 @@ async def _frames(events: AsyncIterator[EventRecord | None],
     """SSE frames of a conversation's events; they end cleanly only after `until_turn`'s terminal event.
     Events that stop before it (the server stops; for a conversation's stream, which has no end, at
     any time) break the stream off, so a client cannot take it for finished (§8)."""
-    async for event in events:
-        yield KEEP_ALIVE if event is None else sse_frame(event.name, event.data, event.seq)
-        if (until_turn is not None and event is not None and event.name in TERMINAL_EVENTS
-                and event.data.get("turn_id") == until_turn):
+    async for record in events:
+        if record is None:
+            yield KEEP_ALIVE
+            continue
+        event = record.event
+        yield sse_frame(event.name, event.to_json(), record.seq)
+        if until_turn is not None and ends(event, until_turn):
             return
     raise BrokenOff
 
@@ -187,7 +196,7 @@ async def list_messages(request: Request) -> Response:
     record = await service.conversations.get(request.path_params["id"])
     limit, cursor = page_params(request, default=100)
     after = _int_cursor(cursor)
-    rows = await service.store.list_messages(record.id, limit=limit + 1, after=after)
+    rows = await service.records.messages(record.id, limit=limit + 1, after=after)
     items = [{"seq": r.seq, "turn_id": r.turn_id, "created_at": iso(r.created_at), **r.message.to_json()}
              for r in rows]
     return JSONResponse(page(items, limit, lambda m: m["seq"]))
@@ -197,7 +206,7 @@ async def list_turns(request: Request) -> Response:
     service = request.app.state.service
     record = await service.conversations.get(request.path_params["id"])
     limit, cursor = page_params(request)
-    turns = await service.store.list_turns(record.id, limit=limit + 1, after=cursor)
+    turns = await service.records.turns(record.id, limit=limit + 1, after=cursor)
     return JSONResponse(page([turn_json(t) for t in turns], limit, lambda t: t["id"]))
 
 

@@ -34,7 +34,7 @@ async def list_replicas(request: Request) -> Response:
     """Replicas heard from lately (ten lease periods); `alive` while their heartbeat is within a lease."""
     service = _service(request)
     lease_s, now = service.settings.lease_s, time.time()
-    replicas = await service.store.list_replicas(now - 10 * lease_s)
+    replicas = await service.replica.heard_from(now - 10 * lease_s)
     return JSONResponse({"items": [{
         "id": r.id, "started_at": iso(r.started_at), "heartbeat_at": iso(r.heartbeat_at),
         "set_digest": r.set_digest, "running_turns": r.running_turns,
@@ -45,7 +45,7 @@ async def list_replicas(request: Request) -> Response:
 
 async def history(request: Request) -> Response:
     limit, cursor = page_params(request)
-    swaps = await _service(request).store.list_swaps(limit=limit + 1, after=cursor)
+    swaps = await _service(request).swapper.history(limit=limit + 1, after=cursor)
     return JSONResponse(page(swaps, limit, lambda s: s["id"]))
 
 
@@ -72,20 +72,20 @@ async def put_alias(request: Request) -> Response:
         raise RequestError("an alias is 1-63 of a-z 0-9 _ . - and does not start with sha256")
     body = await read_json(request, SetAlias)
     closure = await service.registry.resolve(f"{name}@{body.digest}")  # 404 unless served
-    await service.store.set_alias(name, alias, closure.agent.digest, time.time())
+    await service.registry.set_alias(name, alias, closure.agent.digest)
     return JSONResponse({"agent": name, "alias": alias, "digest": closure.agent.digest})
 
 
 async def list_aliases(request: Request) -> Response:
     name = request.path_params["name"]
-    items = await _service(request).store.list_aliases(name)
+    items = await _service(request).registry.aliases(name)
     return JSONResponse({"items": [{**a, "updated_at": iso(a["updated_at"])} for a in items],
                          "next_cursor": None})
 
 
 async def delete_alias(request: Request) -> Response:
     name, alias = request.path_params["name"], request.path_params["alias"]
-    if not await _service(request).store.delete_alias(name, alias):
+    if not await _service(request).registry.delete_alias(name, alias):
         raise AgentNotFound(f"agent {name!r} has no alias {alias!r}")
     return Response(status_code=204)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 from jsonschema.exceptions import SchemaError
@@ -33,9 +33,11 @@ from ..compiler.schemas import check_schema
 from ..errors import CorralError, RequestError
 from ..messages import AssistantMessage, Message, UserMessage
 from ..runtime import waits
-from ..runtime.active_turn import CANCELLED_ERROR, TERMINAL_EVENTS, ActiveTurn, TurnResult
+from ..runtime.active_turn import CANCELLED_ERROR, ActiveTurn, TurnResult
 from ..runtime.conversations import Conversations
 from ..runtime.structured import OutputSchema
+from ..store.base import EventRecord
+from ..turn_events import ENDINGS, MessageDelta, PermissionRequested, TurnCompleted, TurnEnded, TurnFailed
 from .plumbing import BrokenOff, error_response, read_json, sse_response
 
 
@@ -101,9 +103,7 @@ async def chat_completions(request: Request) -> Response:
         raise RequestError("the last user message is empty")
     output = _output(body.response_format)
     conversations = service.conversations
-    conversation = await conversations.create(body.model, None, {"source": "openai"})
-    if history:
-        await service.store.append_messages(conversation.id, "", history, time.time())
+    conversation = await conversations.create(body.model, None, {"source": "openai"}, history)
     turn = await conversations.send(conversation.id, text, output=output)
     completion_id = "chatcmpl-" + turn.id
     created = int(time.time())
@@ -142,24 +142,24 @@ async def _result(conversations: Conversations, turn: ActiveTurn) -> TurnResult:
 
 
 def permission_required(conversation_id: str, turn_id: str,
-                        requests: tuple[dict[str, Any], ...]) -> CorralError:
+                        requests: tuple[waits.PendingRequest, ...]) -> CorralError:
     """A turn that waits on a person: it goes on once someone answers, and its result is read from the
     conversation (as the MCP tool says it)."""
     first, path = requests[0], f"/v1/conversations/{conversation_id}"
     return CorralError(
-        f"the agent wants to call {first['tool']} and needs a person's approval: POST "
-        f"{path}/permissions/{first['request_id']} with {{\"decision\": \"allow\"}} (or \"deny\"); the "
+        f"the agent wants to call {first.tool} and needs a person's approval: POST "
+        f"{path}/permissions/{first.request_id} with {{\"decision\": \"allow\"}} (or \"deny\"); the "
         f"turn then goes on, and its result is read with GET {path}/turns/{turn_id}?wait=60",
         code="permission_required", details={"conversation_id": conversation_id, "turn_id": turn_id,
-                                             "permission_requests": list(requests)})
+                                             "permission_requests": [r.to_json() for r in requests]})
 
 
-def _usage(usage: dict[str, int]) -> dict[str, int]:
+def _usage(usage: Mapping[str, int]) -> dict[str, int]:
     prompt, completion = usage.get("input_tokens", 0), usage.get("output_tokens", 0)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-async def _chunks(events: AsyncIterator[Any], completion_id: str, created: int, model: str,
+async def _chunks(events: AsyncIterator[EventRecord | None], completion_id: str, created: int, model: str,
                   include_usage: bool, *, whole: bool = False) -> AsyncIterator[bytes]:
     """OpenAI's chunks of a turn's events; `whole`: the answer in one chunk once valid, no deltas."""
     def frame(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
@@ -169,40 +169,43 @@ async def _chunks(events: AsyncIterator[Any], completion_id: str, created: int, 
         return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
 
     yield frame({"role": "assistant", "content": ""})
-    async for event in events:
-        if event is None:
+    async for record in events:
+        if record is None:
             yield b": keep-alive\n\n"
-        elif event.name == "message.delta" and not whole:
-            yield frame({"content": event.data["text"]})
-        elif event.name in TERMINAL_EVENTS or event.name == "permission.requested":
-            for chunk in _last(event, frame, whole=whole, include_usage=include_usage):
+            continue
+        event = record.event
+        if isinstance(event, MessageDelta) and not whole:
+            yield frame({"content": event.text})
+        elif isinstance(event, (*ENDINGS, PermissionRequested)):
+            last = _last(record.conversation_id, event, frame, whole=whole, include_usage=include_usage)
+            for chunk in last:
                 yield chunk
             yield b"data: [DONE]\n\n"
             return
     raise BrokenOff  # the server stops before the turn's end: no [DONE], the stream is broken off (§8)
 
 
-def _last(event: Any, frame: Callable[..., bytes], *, whole: bool, include_usage: bool) -> Iterator[bytes]:
+def _last(conversation_id: str, event: TurnEnded | PermissionRequested, frame: Callable[..., bytes], *,
+          whole: bool, include_usage: bool) -> Iterator[bytes]:
     """The chunks that end a stream: the answer's, its error's, or the permission it waits on."""
-    if event.name == "permission.requested":  # as the non-streaming answer: the turn waits on a person
-        yield _waits_on(event)
-    elif event.name == "turn.completed":
+    if isinstance(event, PermissionRequested):  # as the non-streaming answer: the turn waits on a person
+        yield _waits_on(conversation_id, event)
+    elif isinstance(event, TurnCompleted):
         if whole:
-            yield frame({"content": event.data.get("output") or ""})
+            yield frame({"content": event.output or ""})
         yield frame({}, "stop")
         if include_usage:
-            yield frame({}, choices=[], usage=_usage(event.data.get("usage", {})))
+            yield frame({}, choices=[], usage=_usage(event.usage))
     else:
-        error = event.data.get("error") or CANCELLED_ERROR
+        error = (event.error if isinstance(event, TurnFailed) else None) or CANCELLED_ERROR
         yield b"data: " + json.dumps({"error": {**error, "type": error["code"]}}).encode() + b"\n\n"
 
 
-def _waits_on(event: Any) -> bytes:
+def _waits_on(conversation_id: str, event: PermissionRequested) -> bytes:
     """The error chunk of a streamed turn that waits on a person (its `permission.requested` event)."""
-    data = event.data
-    request = {"request_id": data["request_id"], "tool": data["name"], "input": data["arguments"],
-               "expires_at": data["expires_at"]}
-    body = permission_required(event.conversation_id, data["turn_id"], (request,)).envelope()["error"]
+    request = waits.PendingRequest(request_id=event.request_id, tool=event.tool, input=event.arguments,
+                                   expires_at=event.expires_at)
+    body = permission_required(conversation_id, event.turn_id, (request,)).envelope()["error"]
     return b"data: " + json.dumps({"error": {**body, "type": body["code"]}}).encode() + b"\n\n"
 
 

@@ -50,7 +50,7 @@ async def decide(request: Request) -> Response:
 async def audit(request: Request) -> Response:
     service = request.app.state.service
     conversation = await service.conversations.get(request.path_params["id"])
-    records = await service.store.list_permissions(conversation.id)
+    records = await service.records.permissions(conversation.id)
     return JSONResponse({"items": [permission_json(r) for r in records], "next_cursor": None})
 
 

@@ -36,7 +36,7 @@ def view_json(view: waits.TurnView) -> dict[str, Any]:
     waits. `trace_id` and `steps` are placeholders until turns are traced (§13)."""
     body = view.result.to_json() | turn_json(view.record)
     if view.requests is not None:
-        body["permission_requests"] = list(view.requests)
+        body["permission_requests"] = [r.to_json() for r in view.requests]
     body.update(trace_id=None, steps=[])
     return body
 

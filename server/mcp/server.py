@@ -55,6 +55,7 @@ from ..runtime.active_turn import ActiveTurn
 from ..runtime.steering import Steered
 from ..runtime.structured import MISSING
 from ..service import Service
+from ..turn_events import MessageDelta, PermissionRequested, ToolFinished, ToolStarted, TurnEvent
 
 log = logging.getLogger("corral.mcp")
 URI_PREFIX = "corral://definitions/"
@@ -204,8 +205,8 @@ class AgentsMCP:
             raise
         if asked is not None:
             return _tool_error("permission_required", (
-                f"{name} wants to call {asked['name']} and needs a person's approval: POST "
-                f"/v1/conversations/{conversation.id}/permissions/{asked['request_id']} with "
+                f"{name} wants to call {asked.tool} and needs a person's approval: POST "
+                f"/v1/conversations/{conversation.id}/permissions/{asked.request_id} with "
                 '{"decision": "allow"} (or "deny"); the turn then goes on, and its answer appears in '
                 f"GET /v1/conversations/{conversation.id}/messages"),
                 {"conversation_id": conversation.id, "turn_id": turn.id,
@@ -230,20 +231,19 @@ class AgentsMCP:
         return {}
 
     async def _progress(self, ctx: ServerRequestContext, conversation_id: str,
-                        turn: ActiveTurn) -> dict[str, Any] | None:
+                        turn: ActiveTurn) -> PermissionRequested | None:
         """Relay progress until the turn ends; returns a permission request if it stops to ask."""
         step = 0
         events = self.service.conversations.events(conversation_id, after=turn.started_seq - 1,
                                                    until_turn=turn.id)
-        async for event in events:
-            if event is not None and event.name == "permission.requested":
-                return event.data
-            if event is None or event.name not in ("tool.started", "tool.finished", "message.delta"):
+        async for record in events:
+            event = record.event if record is not None else None
+            if isinstance(event, PermissionRequested):
+                return event
+            message = _progress_message(event)
+            if message is None:
                 continue
             step += 1
-            message = {"tool.started": f"calling {event.data.get('name')}",
-                       "tool.finished": f"{event.data.get('name')} done",
-                       "message.delta": "writing"}[event.name]
             await ctx.session.report_progress(step, None, message)
         return None
 
@@ -312,6 +312,18 @@ class AgentsMCP:
     async def set_level(self, ctx: ServerRequestContext, params: types.SetLevelRequestParams) -> Any:
         logging.getLogger("corral").setLevel(_LOG_LEVELS.get(params.level, logging.INFO))
         return types.EmptyResult()
+
+
+def _progress_message(event: TurnEvent | None) -> str | None:
+    """What a progress notification says of an event (None: nothing, for the events it does not relay)."""
+    match event:
+        case ToolStarted(tool=tool):
+            return f"calling {tool}"
+        case ToolFinished(tool=tool):
+            return f"{tool} done"
+        case MessageDelta():
+            return "writing"
+    return None
 
 
 def _tool_error(code: str, message: str, structured: dict[str, Any] | None = None, *,

@@ -28,15 +28,22 @@ from typing import Any, Literal
 import anyio
 
 from ..messages import Message, Usage
+from ..statuses import ENDED_STATUSES, EndedStatus, TurnStatus
 from ..store.base import TurnRecord
+from ..turn_events import (
+    ABSENT,
+    PermissionRequested,
+    TurnCancelled,
+    TurnCompleted,
+    TurnEnded,
+    TurnFailed,
+)
 from .structured import MISSING, OutputSchema
 
-EndedStatus = Literal["completed", "failed", "cancelled"]
 TerminalEvent = Literal["turn.completed", "turn.failed", "turn.cancelled"]
 Stop = Literal["lost", "handed_over"]  # why a turn goes on elsewhere: taken over, or handed over
 
 TERMINAL_EVENTS: tuple[TerminalEvent, ...] = ("turn.completed", "turn.failed", "turn.cancelled")
-ENDED_STATUSES: tuple[EndedStatus, ...] = ("completed", "failed", "cancelled")
 _EVENTS: dict[EndedStatus, TerminalEvent] = dict(zip(ENDED_STATUSES, TERMINAL_EVENTS, strict=True))
 CANCELLED_ERROR = {"code": "cancelled", "message": "the turn was cancelled"}
 INTERRUPTED_ERROR = {"code": "interrupted", "message": "the server shut down during this turn"}
@@ -107,19 +114,23 @@ class Ending:
         return changes
 
     @property
-    def data(self) -> dict[str, Any]:
-        """Its terminal event's data."""
-        data: dict[str, Any] = {"turn_id": self.turn_id}
+    def terminal(self) -> TurnEnded:
+        """Its terminal event."""
         match self.status:
             case "completed":
                 assert self.usage is not None
-                data.update(output=self.output, stop_reason=self.stop_reason, usage=self.usage.to_json())
-                if self.structured is not MISSING:
-                    data["structured"] = self.structured
+                return TurnCompleted(turn_id=self.turn_id, output=self.output, stop_reason=self.stop_reason,
+                                     usage=self.usage.to_json(),
+                                     structured=ABSENT if self.structured is MISSING else self.structured)
             case "failed":
-                data["error"] = dict(self.error or {})
-        return data
+                return TurnFailed(turn_id=self.turn_id, error=dict(self.error or {}))
+            case _:
+                return TurnCancelled(turn_id=self.turn_id)
 
+    @property
+    def data(self) -> dict[str, Any]:
+        """Its terminal event's data."""
+        return self.terminal.to_json()
 
 def ending_of(turn: TurnRecord, outcome: Outcome, now: float, fence: int | None = None) -> Ending:
     ended = {"conversation_id": turn.conversation_id, "turn_id": turn.id, "ended_at": now, "fence": fence}
@@ -146,7 +157,7 @@ class ActiveTurn:
     started_seq: int = 0  # the seq of its `turn.started`: a stream of this turn replays from there
     outcome: Outcome | None = None
     messages: list[Message] | None = None  # what it added to the transcript, once it ran here
-    asked: dict[str, Any] | None = None  # the permission request it waits on
+    asked: PermissionRequested | None = None  # the permission request it waits on
     ending: Ending | None = None  # once it ended (also when the store could not take it)
     recorded: bool = False  # its ending is in the store (and the conversation released with it)
     fence: int | None = None  # the fencing token its conversation is held under: every write names it
@@ -181,7 +192,7 @@ class ActiveTurn:
         assert self.messages is not None
         self.messages.append(message)
 
-    def ask(self, request: dict[str, Any]) -> None:
+    def ask(self, request: PermissionRequested) -> None:
         self.asked = request
         self.attention.set()
 
@@ -210,7 +221,7 @@ class TurnResult:
     turn_id: str
     conversation_id: str
     digest: str
-    status: str  # completed | failed | cancelled
+    status: TurnStatus  # an ended one's, or running / waiting for one read as it runs (`waits.read`)
     output: str | None
     messages: tuple[Message, ...]
     usage: Mapping[str, int]

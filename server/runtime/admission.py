@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from ..errors import ConversationBusy, CorralError, RequestError, StorageError
+from ..errors import ConversationBusy, Overloaded, RequestError, StorageError
 from ..store.base import Holder, Notice, Store
 from .active_turn import ActiveTurn
 
@@ -71,8 +71,7 @@ class Admission:
 
     def check_capacity(self) -> None:
         if len(self._running) >= self.max_turns:
-            raise CorralError(f"too many turns in progress (limit {self.max_turns}); retry shortly",
-                              code="overloaded")
+            raise Overloaded(f"too many turns in progress (limit {self.max_turns}); retry shortly")
 
     def running(self, conversation_id: str) -> ActiveTurn | None:
         """The conversation's turn running on this replica."""

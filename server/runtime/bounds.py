@@ -3,8 +3,8 @@
 `anyio.fail_after` raises `TimeoutError`, which no route catches: left as it
 is, a wait that runs out (a turn that does not stop when told to, a turn
 another request started that does not show up) would be a 500 `internal`.
-`waited` is the same bound, its end a 503 `overloaded` (retry later) that
-says what did not happen.
+`waited` is the same bound, its end `TimedOut`: a 503 `overloaded` (retry
+later) that says what did not happen.
 """
 
 from __future__ import annotations
@@ -15,15 +15,14 @@ from typing import Any
 
 import anyio
 
-from ..errors import CorralError
+from ..errors import TimedOut
 
 
 @contextmanager
 def waited(seconds: float, what: str, **details: Any) -> Iterator[None]:
-    """`anyio.fail_after(seconds)`; running out is `CorralError(code="overloaded")` saying `what`."""
+    """`anyio.fail_after(seconds)`; running out is `TimedOut` saying `what`."""
     try:
         with anyio.fail_after(seconds):
             yield
     except TimeoutError:
-        raise CorralError(f"{what} within {seconds:g} s; try again shortly", code="overloaded",
-                          details={**details, "waited_s": seconds}) from None
+        raise TimedOut(what, seconds, **details) from None

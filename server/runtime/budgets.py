@@ -22,13 +22,12 @@ from ..canonical import thaw
 from ..compiler.definitions import AgentDefinition
 from ..errors import RunError
 from ..messages import AssistantMessage, ToolSpec, Usage
+from ..statuses import ENDED_STATUSES
 from .tokens import estimate, estimate_messages
 
 if TYPE_CHECKING:
     from ..providers.base import ModelRequest
     from ..store.base import Store
-
-ENDED = ("completed", "failed", "cancelled")
 
 
 @dataclass(frozen=True)
@@ -125,7 +124,7 @@ class Spending:
             page = await self.store.list_turns(conversation_id, limit=self.PAGE, after=last)
             running = False
             for turn in page:
-                if turn.status not in ENDED:
+                if turn.status not in ENDED_STATUSES:
                     running = True
                     break
                 total += tokens_of(turn.usage)

@@ -18,9 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..messages import Message, Usage
+from ..statuses import PermissionStatus
 from ..store.base import Store, TurnRecord
+from ..turn_events import ToolFinished, ToolStarted, TurnStarted, turn_of
 
-NEVER_RAN = ("pending", "denied", "expired", "cancelled")  # permission states in which the call did not run
+# permission states in which the call did not run
+NEVER_RAN: tuple[PermissionStatus, ...] = ("pending", "denied", "expired", "cancelled")
 
 
 @dataclass(frozen=True)
@@ -44,16 +47,17 @@ async def checkpoint_of(store: Store, turn: TurnRecord) -> Checkpoint:
     after = 0
     while True:
         page = await store.list_events(turn.conversation_id, after=after, limit=1000)
-        for event in page:
-            after = event.seq
-            if event.data.get("turn_id") == turn.id and event.name == "turn.started":
-                started_seq = event.seq
+        for record in page:
+            after = record.seq
+            event = record.event
+            if event.name == TurnStarted.name and turn_of(event) == turn.id:  # typed or not
+                started_seq = record.seq
                 started.clear()
                 finished.clear()
-            elif started_seq and event.name == "tool.started":
-                started.add(str(event.data.get("tool_call_id")))
-            elif started_seq and event.name == "tool.finished":
-                finished.add(str(event.data.get("tool_call_id")))
+            elif started_seq and isinstance(event, ToolStarted):
+                started.add(event.tool_call_id)
+            elif started_seq and isinstance(event, ToolFinished):
+                finished.add(event.tool_call_id)
         if len(page) < 1000:
             break
     held_back = {p.tool_call_id for p in await store.list_permissions(turn.conversation_id)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -28,6 +28,7 @@ import anyio
 from ..deployment.registry import Registry, split_ref
 from ..errors import ConversationBusy, ConversationNotFound, RequestError, StorageError, TurnNotFound
 from ..ids import new_id
+from ..messages import Message
 from ..store.base import ConversationRecord, EventRecord, Store, TurnRecord
 from .active_turn import ActiveTurn, TurnResult
 from .admission import Admission
@@ -95,7 +96,9 @@ class Conversations:
 
     # --- conversations -------------------------------------------------------
 
-    async def create(self, agent: str, title: str | None, metadata: dict[str, Any]) -> ConversationRecord:
+    async def create(self, agent: str, title: str | None, metadata: dict[str, Any],
+                     history: Sequence[Message] = ()) -> ConversationRecord:
+        """A new conversation; `history`: messages it begins with (the OpenAI route's earlier ones)."""
         if title is not None and "\x00" in title:
             raise RequestError("the title must not contain NUL characters")
         closure = await self.registry.resolve(agent)
@@ -106,6 +109,8 @@ class Conversations:
             status="idle", created_at=now, updated_at=now,
         )
         await self.store.create_conversation(record)
+        if history:
+            await self.store.append_messages(record.id, "", list(history), time.time())
         return record
 
     async def get(self, conversation_id: str) -> ConversationRecord:

@@ -22,8 +22,9 @@ from typing import TypeVar
 import anyio
 from anyio.abc import TaskGroup
 
+from ..statuses import ENDED_STATUSES
 from ..store.base import Store, TurnRecord
-from .active_turn import ENDED_STATUSES, ActiveTurn
+from .active_turn import ActiveTurn
 from .admission import Admission
 from .bounds import waited
 from .streams import EventStreams

@@ -2,9 +2,10 @@
 
 prepare -> call the model (streaming) -> run the tool calls it asked for ->
 feed the results back -> ... -> a final answer. It yields `Emit` (a public
-turn event), `Append` (a message for the transcript) and finally `Done`;
-failures are raised as `RunError`s with a stable code. The HTTP routes, the
-OpenAI-compatible route, MCP and `corral chat` all drive this one generator.
+turn event, one of `turn_events`), `Append` (a message for the transcript)
+and finally `Done`; failures are raised as `RunError`s with a stable code.
+The HTTP routes, the OpenAI-compatible route, MCP and `corral chat` all
+drive this one generator.
 
 Guards: tool input is validated against the tool's schema and errors go back
 to the model (at most `MAX_REPAIRS` times a turn); the same call with the
@@ -47,6 +48,7 @@ from ..errors import RunError, ToolError
 from ..messages import AssistantMessage, Message, ToolCall, ToolResultMessage, Usage, UserMessage
 from ..providers.base import Finish, ModelPort, ModelRequest, TextDelta, ToolCallChunk, UsageChunk
 from ..tools.base import ToolContext, ToolOutput, ToolPort, for_call
+from ..turn_events import ABSENT, MessageDelta, ToolFinished, ToolStarted, TurnEvent
 from .budgets import Budget, TurnSpend
 from .structured import MAX_REPAIRS as MAX_OUTPUT_REPAIRS
 from .structured import MISSING, OutputProblem, OutputSchema
@@ -66,8 +68,17 @@ UNKNOWN_OUTCOME = ("the outcome of this call is unknown: the server running it s
 
 @dataclass(frozen=True, slots=True)
 class Emit:
-    name: str
-    data: dict[str, Any]
+    """A public turn event; `name` and `data` are its wire form."""
+
+    event: TurnEvent
+
+    @property
+    def name(self) -> str:
+        return self.event.name
+
+    @property
+    def data(self) -> dict[str, Any]:
+        return self.event.to_json()
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +187,7 @@ async def _stream_step(plan: TurnPlan, request: ModelRequest, step: _Step) -> As
             if isinstance(chunk, TextDelta):
                 if chunk.text:
                     step.text.append(chunk.text)
-                    yield Emit("message.delta", {"text": chunk.text})
+                    yield Emit(MessageDelta(text=chunk.text))
             elif isinstance(chunk, ToolCallChunk):
                 step.calls.append(chunk.call)
             elif isinstance(chunk, UsageChunk):
@@ -309,16 +320,12 @@ async def _tool_call(plan: TurnPlan, guards: _Guards, call: ToolCall,
     """One call: `tool.started`, the call (or, for an unsafe call a crash cut off, an unknown
     outcome), `tool.finished`, and its result in the transcript."""
     if call.id not in plan.started:
-        yield Emit("tool.started", {"tool_call_id": call.id, "name": call.name,
-                                    "arguments": thaw(call.arguments)})
+        yield Emit(ToolStarted(tool_call_id=call.id, tool=call.name, arguments=thaw(call.arguments)))
     tool = plan.tools.get(call.name)
     unknown = call.id in plan.unknown and not getattr(tool, "replay_safe", False)
     output = ToolOutput(UNKNOWN_OUTCOME, is_error=True) if unknown else await _call_tool(plan, guards, call)
-    finished = {"tool_call_id": call.id, "name": call.name, "is_error": output.is_error,
-                "content": _clip(output.content)}
-    if unknown:
-        finished["outcome"] = "unknown"
-    yield Emit("tool.finished", finished)
+    yield Emit(ToolFinished(tool_call_id=call.id, tool=call.name, is_error=output.is_error,
+                            content=_clip(output.content), outcome="unknown" if unknown else ABSENT))
     result = ToolResultMessage(tool_call_id=call.id, name=call.name, content=output.content,
                                is_error=output.is_error)
     messages.append(result)

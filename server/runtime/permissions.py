@@ -23,8 +23,10 @@ import anyio
 from ..clock import iso
 from ..errors import PermissionNotFound, RequestError
 from ..ids import new_id
+from ..statuses import DECIDED, PermissionStatus
 from ..store.base import Notice, PermissionRecord, Store
 from ..tools.base import ToolContext
+from ..turn_events import PermissionRequested
 
 
 @dataclass
@@ -49,7 +51,7 @@ class PermissionBroker:
         """
         now = time.time()
         earlier = await self._earlier(ctx)
-        if earlier is not None and earlier.status in ("allowed", "denied"):
+        if earlier is not None and earlier.status in DECIDED:
             allowed = earlier.status == "allowed"
             return allowed, "allowed" if allowed else "denied by a person"
         record = earlier if earlier is not None and earlier.status == "pending" else PermissionRecord(
@@ -60,16 +62,14 @@ class PermissionBroker:
         if record is not earlier:
             await self.store.create_permission(record)
         waiter = self._waiting[record.id] = _Waiter(ctx.conversation_id)
-        unanswered = ("cancelled", "cancellation")  # the turn ended before the wait did
+        unanswered: tuple[PermissionStatus, str] = ("cancelled", "cancellation")  # the turn ended first
         try:
             if ctx.channel is not None:
                 await ctx.channel.waiting(True)
                 if record is not earlier:
-                    await ctx.channel.emit("permission.requested", {
-                        "request_id": record.id, "turn_id": ctx.turn_id, "tool_call_id": ctx.call_id,
-                        "name": tool, "arguments": arguments, "reason": reason,
-                        "expires_at": iso(record.expires_at),
-                    })
+                    await ctx.channel.emit(PermissionRequested(
+                        request_id=record.id, turn_id=ctx.turn_id, tool_call_id=ctx.call_id, tool=tool,
+                        arguments=arguments, reason=reason, expires_at=iso(record.expires_at)))
             # a decision that came while no replica waited (between the crash and the resume)
             if record is earlier:
                 await self.on_notice({"t": "permission", "id": record.id})
@@ -130,6 +130,6 @@ class PermissionBroker:
             if waiter is None:
                 continue
             record = await self.store.get_permission(request_id)
-            if record is not None and record.status in ("allowed", "denied"):
+            if record is not None and record.status in DECIDED:
                 waiter.allowed = record.status == "allowed"
                 waiter.answered.set()

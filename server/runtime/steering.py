@@ -31,6 +31,7 @@ from ..errors import IdempotencyKeyReused
 from ..messages import Message, UserMessage
 from ..store.base import ConversationRecord, Store
 from ..tools.base import ToolContext
+from ..turn_events import MessageSteered
 from .active_turn import ActiveTurn
 from .admission import Admission
 from .events import EventHub
@@ -132,7 +133,7 @@ class Steering:
         await flush()
         now = time.time()
         taken = await self.turn_store.take_steers(conversation_id, turn.id, now, fence=turn.fence)
-        steered = [(seq, ("message.steered", {"turn_id": turn.id, "content": content}))
+        steered = [(seq, MessageSteered(turn_id=turn.id, content=content).wire())
                    for content, seq in taken]
         self.hub.committed(conversation_id, steered, now)
         messages: list[Message] = [UserMessage(content=content) for content, _ in taken]

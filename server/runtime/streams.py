@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 import anyio
 
 from ..store.base import EventRecord, Store
-from .active_turn import TERMINAL_EVENTS
+from ..turn_events import TurnStarted, ends, turn_of
 from .events import HEARTBEAT_S, POKE, EventHub
 
 PAGE = 500
@@ -65,7 +65,7 @@ class EventStreams:
     async def started_seq(self, conversation_id: str, turn_id: str) -> int:
         """The seq of a stored turn's `turn.started` (a scan, but only idempotent retries need it)."""
         async for event in self.replay(conversation_id, 0):
-            if event.name == "turn.started" and event.data.get("turn_id") == turn_id:
+            if event.name == TurnStarted.name and turn_of(event.event) == turn_id:
                 return event.seq
         return 0
 
@@ -88,5 +88,5 @@ async def _follow(live, last: int) -> AsyncIterator[EventRecord | None]:
             yield event
 
 
-def _ends(event: EventRecord, turn_id: str) -> bool:
-    return event.name in TERMINAL_EVENTS and event.data.get("turn_id") == turn_id
+def _ends(record: EventRecord, turn_id: str) -> bool:
+    return ends(record.event, turn_id)

@@ -35,9 +35,16 @@ import anyio
 from anyio.abc import TaskGroup
 
 from ..compiler.definitions import Closure
-from ..errors import ConversationNotFound, CorralError, IdempotencyKeyReused, LeaseLost, StorageError
+from ..errors import (
+    ConversationNotFound,
+    IdempotencyKeyReused,
+    LeaseLost,
+    Overloaded,
+    StorageError,
+)
 from ..ids import new_id
 from ..store.base import ConversationRecord, TurnRecord
+from ..turn_events import TurnStarted
 from .active_turn import ActiveTurn, Ending, Failed, ending_of
 from .admission import KeyTaken, Superseded
 from .checkpoints import Checkpoint, checkpoint_of
@@ -95,7 +102,7 @@ class TurnLifecycle:
     def check_open(self) -> None:
         """Refuse a new turn while the server stops, or beyond this replica's cap (503 `overloaded`)."""
         if not self.accepting:
-            raise CorralError("the server is shutting down", code="overloaded")
+            raise Overloaded("the server is shutting down")
         self.admission.check_capacity()
 
     # --- a new turn ----------------------------------------------------------
@@ -122,7 +129,7 @@ class TurnLifecycle:
             return await self.elsewhere.joined(conversation.id, taken.turn_id, self.tg)
         try:
             if not self.accepting:  # shutdown began while this turn waited for its slot
-                raise CorralError("the server is shutting down", code="overloaded")
+                raise Overloaded("the server is shutting down")
             conversation = await self._current(conversation.id)
             # what is current now that it is our turn
             closure = await self.registry.resolve(conversation.agent)
@@ -142,7 +149,7 @@ class TurnLifecycle:
         """Write the turn's row and its `turn.started` (one transaction); from here on it exists."""
         record = turn.record
         now = time.time()
-        started = ("turn.started", {"turn_id": record.id, "digest": record.digest, "agent": record.agent})
+        started = TurnStarted(turn_id=record.id, digest=record.digest, agent=record.agent).wire()
         seq = await self.turn_store.begin_turn(record, started, now)
         self.hub.status(conversation_id, "busy")
         self.hub.committed(conversation_id, [(seq, started)], now)
@@ -264,7 +271,7 @@ class TurnLifecycle:
         now = time.time()
         ending = ending_of(record, turn.final_outcome(), now)
         await self.turn_store.create_turn(replace(record, **ending.changes))
-        events = [("turn.started", {"turn_id": record.id, "digest": record.digest, "agent": record.agent}),
+        events = [TurnStarted(turn_id=record.id, digest=record.digest, agent=record.agent).wire(),
                   (ending.event, ending.data)]
         seqs = await self.turn_store.append(record.conversation_id, record.id, [], events, now)
         self.hub.committed(record.conversation_id, list(zip(seqs, events, strict=True)), now)

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..deployment.registry import Registry
-from ..errors import CorralError
+from ..errors import CorralError, Overloaded
 from ..messages import Message
 from ..store.base import Store, TurnRecord
 from .active_turn import ActiveTurn, TurnResult
@@ -35,9 +35,8 @@ class TurnResults:
         """The answer of a turn, once it has ended (wherever it went on, for one taken over)."""
         await turn.done.wait()
         if turn.stopped == "handed_over":
-            raise CorralError("this replica is stopping: the turn goes on elsewhere; read the conversation,"
-                              " or retry with the same Idempotency-Key", code="overloaded",
-                              details={"turn_id": turn.id})
+            raise Overloaded("this replica is stopping: the turn goes on elsewhere; read the conversation,"
+                             " or retry with the same Idempotency-Key", details={"turn_id": turn.id})
         if turn.stopped == "lost":
             await self.elsewhere.ended(turn.record.conversation_id, turn.id)
             turn.messages = None  # what this replica saw of it is not the whole turn

@@ -30,6 +30,7 @@ from ..errors import CorralError, LeaseLost, StorageError
 from ..messages import Message, Usage, repair_history
 from ..store.base import ConversationRecord
 from ..tools.base import ToolContext
+from ..turn_events import MessageDelta, PermissionRequested, ToolFinished, TurnEvent
 from .active_turn import ActiveTurn, Completed, Failed, HandOff
 from .checkpoints import Checkpoint
 from .loop import Append, Done, Emit, Spent, run_turn
@@ -118,11 +119,10 @@ class TurnRunner:
     async def _handle(self, active: ActiveTurn, journal: Journal, event: Any) -> None:
         if isinstance(event, Emit):
             # a delta waits for company; a tool's result goes with the message that follows it
-            later = event.name in ("message.delta", "tool.finished")
-            await journal.event(event.name, event.data, later=later)
-            if event.name == "tool.finished":
-                outcome = "error" if event.data["is_error"] else "ok"
-                self.metrics.tool_calls.inc(event.data["name"], outcome)
+            emitted = event.event
+            await journal.event(emitted, later=isinstance(emitted, MessageDelta | ToolFinished))
+            if isinstance(emitted, ToolFinished):
+                self.metrics.tool_calls.inc(emitted.tool, "error" if emitted.is_error else "ok")
         elif isinstance(event, Append):
             await journal.message(event.message)
             active.append(event.message)
@@ -159,8 +159,8 @@ class Journal:
         self._timer = False
         self._lock = anyio.Lock()
 
-    async def event(self, name: str, data: dict[str, Any], *, later: bool = False) -> None:
-        self.events.append((name, data))
+    async def event(self, event: TurnEvent, *, later: bool = False) -> None:
+        self.events.append(event.wire())
         if not later:
             await self.flush()
         elif not self._timer:
@@ -209,10 +209,10 @@ class TurnChannel:
         self.turn_id = active.id
         self.journal = journal
 
-    async def emit(self, name: str, data: dict[str, Any]) -> None:
-        await self.journal.event(name, data)
-        if name == "permission.requested":
-            self.active.ask(data)
+    async def emit(self, event: TurnEvent) -> None:
+        await self.journal.event(event)
+        if isinstance(event, PermissionRequested):
+            self.active.ask(event)
 
     async def waiting(self, on: bool) -> None:
         await self.store.update_turn(self.turn_id, status="waiting" if on else "running",

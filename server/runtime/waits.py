@@ -22,26 +22,41 @@ import anyio
 
 from ..clock import iso
 from ..errors import TurnNotFound
+from ..statuses import ENDED_STATUSES
 from ..store.base import Store, TurnRecord
-from .active_turn import ENDED_STATUSES, ActiveTurn, TurnResult
+from .active_turn import ActiveTurn, TurnResult
 
 if TYPE_CHECKING:
     from .conversations import Conversations
 
 
+@dataclass(frozen=True, kw_only=True)
+class PendingRequest:
+    """A permission request nobody has answered yet, as a waiting turn's answer lists it (§8)."""
+
+    request_id: str
+    tool: str
+    input: Any  # the tool call's arguments
+    expires_at: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"request_id": self.request_id, "tool": self.tool, "input": self.input,
+                "expires_at": self.expires_at}
+
+
 @dataclass(frozen=True)
 class Waiting:
-    """A turn paused on permission requests (`requests`: each `{request_id, tool, input, expires_at}`)."""
+    """A turn paused on permission requests."""
 
     turn_id: str
     conversation_id: str
     digest: str
-    requests: tuple[dict[str, Any], ...]
+    requests: tuple[PendingRequest, ...]
 
     def to_json(self) -> dict[str, Any]:
         """The 202 answer of a non-streaming message (§8)."""
         return {"turn_id": self.turn_id, "digest": self.digest, "status": "waiting",
-                "permission_requests": list(self.requests)}
+                "permission_requests": [r.to_json() for r in self.requests]}
 
 
 @dataclass(frozen=True)
@@ -50,12 +65,12 @@ class TurnView:
 
     record: TurnRecord
     result: TurnResult
-    requests: tuple[dict[str, Any], ...] | None  # None unless it waits on a person
+    requests: tuple[PendingRequest, ...] | None  # None unless it waits on a person
 
 
-async def pending_requests(store: Store, conversation_id: str, turn_id: str) -> tuple[dict[str, Any], ...]:
+async def pending_requests(store: Store, conversation_id: str, turn_id: str) -> tuple[PendingRequest, ...]:
     """The permission requests of a turn that nobody has answered yet."""
-    return tuple({"request_id": p.id, "tool": p.tool, "input": p.arguments, "expires_at": iso(p.expires_at)}
+    return tuple(PendingRequest(request_id=p.id, tool=p.tool, input=p.arguments, expires_at=iso(p.expires_at))
                  for p in await store.list_permissions(conversation_id)
                  if p.turn_id == turn_id and p.status == "pending")
 
@@ -93,7 +108,7 @@ class _Follow:
 
     async def check(self) -> tuple[Waiting | None] | None:
         turn = self.turn
-        asked = turn.asked["request_id"] if turn.asked is not None else None  # before the store is read
+        asked = turn.asked.request_id if turn.asked is not None else None  # before the store is read
         if self.here:
             if turn.done.is_set():
                 return (None,)

@@ -49,6 +49,7 @@ from ..runtime.idempotency import IdempotencyKeys
 from ..runtime.patience import PatientStore
 from ..runtime.permissions import PermissionBroker
 from ..runtime.plans import Runtime
+from ..runtime.records import Records
 from ..runtime.steering import Steering
 from ..runtime.streams import EventStreams
 from ..runtime.transcripts import Transcripts
@@ -77,6 +78,7 @@ class Service:
     hub: EventHub
     metrics: Metrics
     conversations: Conversations
+    records: Records  # what the surfaces read of conversations (never the store itself)
     swapper: Swapper
     permissions: PermissionBroker
     replica: Replica
@@ -176,8 +178,8 @@ def _assemble(settings: Settings, compiler: Compiler, definitions: DefinitionSet
     swapper.listeners.append(_mcp_follows_swaps(mcp, registry))
     swapper.listeners.append(_secrets_follow_swaps(secrets, registry))
     health.on_recovered.append(conversations.turns.record_unrecorded)
-    return Service(settings, compiler, registry, store, runtime, hub, metrics, conversations, swapper,
-                   permissions, replica, health), mcp
+    return Service(settings, compiler, registry, store, runtime, hub, metrics, conversations, Records(store),
+                   swapper, permissions, replica, health), mcp
 
 
 def _conversations(settings: Settings, store: Store, registry: Registry, runtime: Runtime, hub: EventHub,

@@ -130,6 +130,10 @@ class Replica:
             log.warning("could not tell the other replicas to reload")
         return report
 
+    async def heard_from(self, since: float) -> list[ReplicaRecord]:
+        """The replicas whose heartbeat is later than `since` (this one included)."""
+        return await self.store.list_replicas(since)
+
     async def _beat(self) -> None:
         now = time.time()
         try:

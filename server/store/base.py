@@ -30,10 +30,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Protocol
 
 from ..errors import DuplicateIdempotencyKey  # noqa: F401  (re-exported: what `create_turn` raises)
 from ..messages import Message
+from ..statuses import ConversationStatus, PermissionStatus, TurnStatus
+from ..turn_events import TurnEvent, read
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,7 +48,7 @@ class ConversationRecord:
     pinned: bool
     title: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
-    status: str = "idle"  # idle | busy | waiting
+    status: ConversationStatus = "idle"
     created_at: float = 0.0
     updated_at: float = 0.0
     archived: bool = False  # lists leave it out unless asked for archived ones
@@ -68,7 +71,7 @@ class TurnRecord:
     conversation_id: str
     agent: str
     digest: str
-    status: str  # running | waiting | completed | failed | cancelled
+    status: TurnStatus
     input: str = ""
     output: str | None = None
     stop_reason: str | None = None
@@ -92,11 +95,18 @@ class MessageRecord:
 
 @dataclass(frozen=True, kw_only=True)
 class EventRecord:
+    """One event as stored and published: `(name, data)` as the wire carries it, and its `seq`."""
+
     seq: int
     conversation_id: str
     name: str
     data: dict[str, Any]
     created_at: float
+
+    @cached_property
+    def event(self) -> TurnEvent:
+        """The typed value (`turn_events.read`), read once however many streams relay it."""
+        return read(self.name, self.data)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,7 +127,7 @@ class PermissionRecord:
     tool: str
     arguments: dict[str, Any]
     reason: str | None
-    status: str  # pending | allowed | denied | expired | cancelled (its turn ended first)
+    status: PermissionStatus
     requested_at: float
     expires_at: float
     decided_by: str | None = None
@@ -225,8 +235,9 @@ class Store(Protocol):
     async def create_conversation(self, conversation: ConversationRecord) -> None: ...
     async def get_conversation(self, conversation_id: str) -> ConversationRecord | None: ...
     async def list_conversations(
-        self, *, agent: str | None = None, digest: str | None = None, status: str | None = None,
-        limit: int = 50, after: str | None = None, archived: bool = False,
+        self, *, agent: str | None = None, digest: str | None = None,
+        status: ConversationStatus | None = None, limit: int = 50, after: str | None = None,
+        archived: bool = False,
     ) -> list[ConversationRecord]: ...  # newest first; `after` is a conversation id; archived or not
     async def update_conversation(self, conversation_id: str, *, title: Any = UNSET, metadata: Any = UNSET,
                                   archived: Any = UNSET, now: float) -> bool: ...
@@ -245,7 +256,8 @@ class Store(Protocol):
     # nothing, when the source does not exist or `before_turn_id` is not its turn
     async def delete_conversation(self, conversation_id: str) -> bool: ...  # with its turns, messages, events
     # ^ forks sharing its messages keep them (they pass to one fork: `forks`)
-    async def set_conversation_status(self, conversation_id: str, status: str, now: float) -> None: ...
+    async def set_conversation_status(self, conversation_id: str, status: ConversationStatus,
+                                      now: float) -> None: ...
 
     # turns
     async def create_turn(self, turn: TurnRecord) -> None: ...  # raises DuplicateIdempotencyKey
@@ -300,7 +312,8 @@ class Store(Protocol):
 
     # permission requests and decisions (audit)
     async def create_permission(self, record: PermissionRecord) -> None: ...
-    async def decide_permission(self, request_id: str, status: str, decided_by: str, now: float) -> bool: ...
+    async def decide_permission(self, request_id: str, status: PermissionStatus, decided_by: str,
+                                now: float) -> bool: ...
     # ^ only a pending request changes; returns whether it did
 
     # who runs a conversation's turn, across replicas (see the module docstring)

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from ..deployment.vault import NO_VAULT, FileVault
 from ..messages import ToolSpec
+from ..turn_events import TurnEvent
 
 MAX_OUTPUT_BYTES = 256 * 1024
 EXECUTION_KEY_ENV = "CORRAL_EXECUTION_KEY"  # the one CORRAL_* variable a command tool or hook sees
@@ -40,7 +41,7 @@ class ToolOutput:
 class TurnChannel(Protocol):
     """How a tool call talks back to its turn while it runs (permission requests)."""
 
-    async def emit(self, name: str, data: dict[str, Any]) -> None: ...
+    async def emit(self, event: TurnEvent) -> None: ...
     async def waiting(self, on: bool) -> None: ...  # the turn waits on a person, or no longer
     async def confirm(self) -> None: ...  # right before a side effect: raises LeaseLost if taken over
 
