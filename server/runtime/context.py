@@ -60,7 +60,7 @@ from .tokens import estimate, estimate_messages
 
 if TYPE_CHECKING:
     from ..messages import ToolSpec
-    from ..store.base import Store
+    from ..store.base import ContextStore
     from .events import EventHub
     from .transcripts import Transcripts
 
@@ -223,7 +223,7 @@ class Contexts:
 
     SIZE = 1000
 
-    def __init__(self, store: Store, runtime: Models, transcripts: Transcripts, hub: EventHub):
+    def __init__(self, store: ContextStore, runtime: Models, transcripts: Transcripts, hub: EventHub):
         self.store = store
         self.runtime = runtime
         self.transcripts = transcripts

@@ -19,7 +19,7 @@ from typing import TypeVar
 import anyio
 from anyio.abc import TaskGroup
 
-from ..store.base import Store, TurnRecord
+from ..store.base import TurnJournal, TurnRecord
 from .active_turn import ENDED_STATUSES, ActiveTurn
 from .admission import Admission
 from .bounds import waited
@@ -29,7 +29,7 @@ T = TypeVar("T")
 
 
 class TurnsElsewhere:
-    def __init__(self, store: Store, admission: Admission, streams: EventStreams):
+    def __init__(self, store: TurnJournal, admission: Admission, streams: EventStreams):
         self.store = store
         self.admission = admission
         self.streams = streams

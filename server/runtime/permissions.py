@@ -23,7 +23,7 @@ import anyio
 from ..clock import iso
 from ..errors import PermissionNotFound, RequestError
 from ..ids import new_id
-from ..store.base import Notice, PermissionRecord, Store
+from ..store.base import Notice, PermissionRecord, PermissionStore
 from ..tools.base import ToolContext
 
 
@@ -35,7 +35,7 @@ class _Waiter:
 
 
 class PermissionBroker:
-    def __init__(self, store: Store, timeout_s: float):
+    def __init__(self, store: PermissionStore, timeout_s: float):
         self.store = store
         self.timeout_s = timeout_s
         self._waiting: dict[str, _Waiter] = {}

@@ -20,13 +20,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from anyio.abc import TaskGroup
 
 from ..deployment.registry import Registry
 from ..errors import IdempotencyKeyReused
-from ..store.base import ConversationRecord, Store
+from ..store.base import ContextStore, ConversationRecord, TurnJournal
 from ..tools.base import ToolContext
 from .admission import Admission
 from .loop import submitted
@@ -36,6 +36,10 @@ from .turn_runner import TurnRunner
 log = logging.getLogger("corral.steering")
 
 Send = Callable[[str, str], Awaitable[Any]]  # (conversation id, text): a turn of its own, enqueued
+
+
+class Steers(ContextStore, TurnJournal, Protocol):
+    """The store's ports steering uses: the steered messages, and the turn they are steered into."""
 
 
 class Steered(Exception):
@@ -49,7 +53,7 @@ class Steered(Exception):
 
 
 class Steering:
-    def __init__(self, store: Store, registry: Registry, runtime: Runtime, runner: TurnRunner,
+    def __init__(self, store: Steers, registry: Registry, runtime: Runtime, runner: TurnRunner,
                  admission: Admission, ttl_s: float):
         self.store = store
         self.registry = registry
