@@ -176,11 +176,12 @@ class StoredFile:
 
 
 # Notices (dicts with "t" and "r", the sending replica). Sent by the store itself, in the transaction
-# that makes them true: {"t": "event", "c": conversation, "s": seq, "n": name} (append_event, and the
-# `turn.failed` of recover_lapsed); {"t": "status", "c": conversation, "st": status}
-# (set_conversation_status, recover_lapsed); {"t": "queue", "c": conversation} (release, an `interrupt`
-# admit, recover_lapsed, expired queue entries); {"t": "swap", "id": swap_id} (record_swap). Sent by
-# callers through `notify`: whatever else replicas tell each other (cancel a turn, a permission
-# decided, reload). A listener that lost its connection delivers {"t": "resync"} once back: it may
-# have missed notices. `subscribe` handlers get only other replicas' notices, on the event loop.
+# that makes them true: {"t": "event", "c": conversation, "s": seq, "n": name} (the last event each
+# write appends, and the `turn.failed` of recover_lapsed); {"t": "status", "c": conversation,
+# "st": status} (set_conversation_status, begin_turn, end_turn, recover_lapsed); {"t": "queue", "c":
+# conversation} (release, end_turn, an `interrupt` admit, recover_lapsed, expired queue entries);
+# {"t": "swap", "id": swap_id} (record_swap). Sent by callers through `notify`: whatever else
+# replicas tell each other (cancel a turn, a permission decided, reload). A listener that lost its
+# connection delivers {"t": "resync"} once back: it may have missed notices. `subscribe` handlers get
+# only other replicas' notices, on the event loop.
 Notice = dict[str, Any]
