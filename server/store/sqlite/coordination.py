@@ -9,10 +9,9 @@ lapsed. Notices go nowhere: there is no other replica to tell.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Callable
-from typing import Any
+from dataclasses import replace
 
 from .. import rows
 from ..records import Admitted, Claim, Holder, Notice, Recovered, ReplicaRecord, TurnRecord
@@ -94,7 +93,7 @@ class CoordinationTables(Tables):
                 (everything, self.replica, starting, self.replica, now)).fetchall())
             # a lapsed holder's turn, and any turn left running that holds nothing (a crash between
             # the claim and the turn's row cannot leave one; an older schema's crash can)
-            unfinished = [dict(row) for row in db.execute(
+            unfinished = [rows.turn(row) for row in db.execute(
                 "SELECT t.* FROM turns t JOIN conversations c ON c.id = t.conversation_id"
                 " WHERE t.status IN ('running', 'waiting')"
                 " AND (c.holder_turn IS NULL OR c.holder_turn != t.id)"
@@ -102,13 +101,11 @@ class CoordinationTables(Tables):
                 " WHERE t.status IN ('running', 'waiting') AND c.id IN"
                 f" ({','.join('?' * len(held))}) ORDER BY started_at, id", tuple(held))]
             recovered: list[Recovered] = []
-            for fields in unfinished:
-                fields["usage"] = json.loads(fields["usage"])
+            for turn in unfinished:
                 # only a lapsed holder's turn runs again; a turn running without holding is an anomaly
-                holds = held.get(fields["conversation_id"]) == fields["id"]
-                again = holds and fields["attempts"] < max_attempts
-                recovered.append(_take_over(db, fields, self.replica, now, lease_until) if again
-                                 else _fail(db, fields, now))
+                again = held.get(turn.conversation_id) == turn.id and turn.attempts < max_attempts
+                recovered.append(_take_over(db, turn, self.replica, now, lease_until) if again
+                                 else _fail(db, turn, now))
             resumed = {r.turn.conversation_id for r in recovered if r.resumed}
             # the cleared holders' queue entries go with them: one that outlived its lease would block
             db.executemany("DELETE FROM admissions WHERE turn_id = ?",
@@ -158,33 +155,28 @@ class CoordinationTables(Tables):
             db.execute(SQL.remove_replica, (replica_id,))
 
 
-def _take_over(db: sqlite3.Connection, fields: dict[str, Any], replica: str, now: float,
+def _take_over(db: sqlite3.Connection, turn: TurnRecord, replica: str, now: float,
                lease_until: float) -> Recovered:
     """This replica holds the turn's conversation now, to run the turn again (its next attempt)."""
-    conversation_id, attempt = fields["conversation_id"], fields["attempts"] + 1
-    db.execute("UPDATE turns SET attempts = ? WHERE id = ?", (attempt, fields["id"]))
-    fence = _hold(db, conversation_id, fields["id"], replica, lease_until)
+    attempt = turn.attempts + 1
+    db.execute("UPDATE turns SET attempts = ? WHERE id = ?", (attempt, turn.id))
+    fence = _hold(db, turn.conversation_id, turn.id, replica, lease_until)
     db.execute("UPDATE admissions SET replica = ?, lease_until = ? WHERE turn_id = ?",
-               (replica, lease_until, fields["id"]))
-    resumed = ("turn.resumed", {"turn_id": fields["id"], "attempt": attempt})
-    (seq,) = insert_events(db, conversation_id, [resumed], now)
-    fields["attempts"] = attempt
-    if fields["error"] is not None:
-        fields["error"] = json.loads(fields["error"])
-    return Recovered(turn=TurnRecord(**fields), seq=seq, resumed=True, fence=fence)
+               (replica, lease_until, turn.id))
+    resumed = ("turn.resumed", {"turn_id": turn.id, "attempt": attempt})
+    (seq,) = insert_events(db, turn.conversation_id, [resumed], now)
+    return Recovered(turn=replace(turn, attempts=attempt), seq=seq, resumed=True, fence=fence)
 
 
-def _fail(db: sqlite3.Connection, fields: dict[str, Any], now: float) -> Recovered:
+def _fail(db: sqlite3.Connection, turn: TurnRecord, now: float) -> Recovered:
     """The turn ends as failed/interrupted: out of attempts, or not to be resumed."""
-    conversation_id = fields["conversation_id"]
     db.execute("UPDATE turns SET status = 'failed', error = ?, ended_at = ? WHERE id = ?",
-               (rows.dumps(INTERRUPTED), now, fields["id"]))
+               (rows.dumps(INTERRUPTED), now, turn.id))
     db.execute("UPDATE permissions SET status = 'cancelled', decided_by = 'recovery',"
-               " decided_at = ? WHERE turn_id = ? AND status = 'pending'", (now, fields["id"]))
-    failed = ("turn.failed", {"turn_id": fields["id"], "error": INTERRUPTED})
-    (seq,) = insert_events(db, conversation_id, [failed], now)
-    fields.update(status="failed", error=INTERRUPTED, ended_at=now)
-    return Recovered(turn=TurnRecord(**fields), seq=seq)
+               " decided_at = ? WHERE turn_id = ? AND status = 'pending'", (now, turn.id))
+    failed = ("turn.failed", {"turn_id": turn.id, "error": INTERRUPTED})
+    (seq,) = insert_events(db, turn.conversation_id, [failed], now)
+    return Recovered(turn=replace(turn, status="failed", error=INTERRUPTED, ended_at=now), seq=seq)
 
 
 def _holder(db: sqlite3.Connection, conversation_id: str) -> Holder | None:
