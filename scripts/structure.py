@@ -26,17 +26,44 @@ def _functions(tree: ast.AST) -> list[tuple[int, str]]:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)]
 
 
-def _ports(path: Path) -> dict[str, int]:
-    """Each Protocol class of a store module with its method count."""
+def _ports(path: Path) -> dict[str, tuple[int, list[str]]]:
+    """Each Protocol class of a store module: its own method count, and the ports it extends."""
     tree = ast.parse(path.read_text())
-    return {node.name: sum(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) for n in node.body)
-            for node in tree.body if isinstance(node, ast.ClassDef)
-            and any(getattr(b, "id", getattr(b, "attr", "")) == "Protocol" for b in node.bases)}
+    found: dict[str, tuple[int, list[str]]] = {}
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        bases = [getattr(b, "id", getattr(b, "attr", "")) for b in node.bases]
+        if "Protocol" in bases:
+            own = sum(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) for n in node.body)
+            found[node.name] = (own, [b for b in bases if b != "Protocol"])
+    return found
+
+
+def _all_methods(name: str, ports: dict[str, tuple[int, list[str]]]) -> int:
+    """The methods of a port and of every port it extends, each port counted once."""
+    seen, todo = set(), [name]
+    while todo:
+        port = todo.pop()
+        if port in ports and port not in seen:
+            seen.add(port)
+            todo.extend(ports[port][1])
+    return sum(ports[port][0] for port in seen)
 
 
 def _sql(path: Path) -> int:
-    return sum(isinstance(node, ast.Constant) and isinstance(node.value, str) and bool(SQL.match(node.value))
-               for node in ast.walk(ast.parse(path.read_text())))
+    """String literals that are statements: an f-string counts once, by its first part."""
+    tree = ast.parse(path.read_text())
+    parts = {id(value) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for value in node.values}
+    count = 0
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr) and node.values:
+            node = node.values[0]
+        elif id(node) in parts:
+            continue
+        count += isinstance(node, ast.Constant) and isinstance(node.value, str) \
+            and bool(SQL.match(node.value))
+    return count
 
 
 def main() -> None:
@@ -61,13 +88,21 @@ def main() -> None:
     print(f"longest function: {longest_function[1]} ({longest_function[0]} lines)")
     store = ROOT / "store"
     for path in sorted(store.rglob("*.py")):
-        for name, methods in _ports(path).items():
-            print(f"store port {name} ({path.relative_to(ROOT.parent)}): {methods} methods")
+        ports = _ports(path)
+        for name, (methods, bases) in ports.items():
+            composed = [b for b in bases if b in ports]
+            if methods or not composed:
+                print(f"store port {name} ({path.relative_to(ROOT.parent)}): {methods} methods")
+            else:  # a composition of ports (`Store`): all of theirs
+                print(f"store port {name} ({path.relative_to(ROOT.parent)}): the composition of"
+                      f" {', '.join(composed)}: {_all_methods(name, ports)} methods")
+    # per dialect: what the sqlite/ and postgres/ packages hold (sqlite*.py and postgres*.py modules before
+    # they were packages); written once: every other module of the store (its shared statements)
     once = per_dialect = 0
     for path in sorted(store.rglob("*.py")):
-        rel = str(path.relative_to(store))
+        top = path.relative_to(store).parts[0]
         n = _sql(path)
-        if "sqlite" in rel or "postgres" in rel:
+        if top.startswith(("sqlite", "postgres")):
             per_dialect += n
         else:
             once += n

@@ -17,8 +17,8 @@ from server.canonical import freeze
 from server.ids import encode, new_id
 from server.messages import AssistantMessage, ToolCall, ToolResultMessage, UserMessage
 from server.store.base import ConversationRecord, DuplicateIdempotencyKey, StoredDefinition, TurnRecord
-from server.store.schema import MIGRATIONS
 from server.store.sqlite import SQLiteStore
+from server.store.sqlite.migrations import MIGRATIONS
 
 DIGEST_A = "sha256:" + "a" * 64
 DIGEST_B = "sha256:" + "b" * 64

@@ -21,12 +21,19 @@ from server.store.base import (
     ConversationRecord,
     Holder,
     ReplicaRecord,
-    Store,
     StoredDefinition,
     StoredFile,
 )
 from tests.support import stores
-from tests.support.stores import DIGEST_A, DIGEST_B, conversation, conversations, permission, turn
+from tests.support.stores import (
+    DIGEST_A,
+    DIGEST_B,
+    StoreForTests,
+    conversation,
+    conversations,
+    permission,
+    turn,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -202,7 +209,7 @@ async def test_concurrent_appends_from_several_stores_number_without_gaps(make_s
         await s.open()
     seqs: list[int] = []
 
-    async def writer(s: Store, n: int) -> None:
+    async def writer(s: StoreForTests, n: int) -> None:
         for i in range(20):
             seqs.append(await s.append_event("c1", "e", {"w": n, "i": i}, 1.0))
             await s.append_messages("c1", "t", [UserMessage(content=f"{n}.{i}")] * 2, 1.0)
@@ -373,7 +380,7 @@ async def test_two_replicas_racing_for_one_conversation_get_one_holder(store, ot
         policy = ("reject", "enqueue", "interrupt")[round % 3]
         fences: dict[str, int | None] = {}
 
-        async def enter(s: Store, turn_id: str, cid: str = cid, policy: str = policy,
+        async def enter(s: StoreForTests, turn_id: str, cid: str = cid, policy: str = policy,
                         fences: dict[str, int | None] = fences) -> None:
             admitted = await s.admit(cid, turn_id, policy, 1.0, 100.0)
             fences[turn_id] = admitted.fence

@@ -17,10 +17,10 @@ import pytest
 from server.messages import AssistantMessage, UserMessage
 from server.store.base import ConversationRecord, Store
 from server.store.postgres import PostgresStore
-from server.store.postgres_schema import LOCK_KEY
-from server.store.postgres_schema import MIGRATIONS as PG_MIGRATIONS
-from server.store.schema import MIGRATIONS as SQLITE_MIGRATIONS
+from server.store.postgres.migrations import LOCK_KEY
+from server.store.postgres.migrations import MIGRATIONS as PG_MIGRATIONS
 from server.store.sqlite import SQLiteStore
+from server.store.sqlite.migrations import MIGRATIONS as SQLITE_MIGRATIONS
 from tests.support import stores
 from tests.support.stores import conversation, conversations, turn
 

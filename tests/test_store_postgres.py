@@ -13,7 +13,7 @@ import pytest
 from server.errors import LeaseLost, StorageError
 from server.messages import UserMessage
 from server.store.postgres import PostgresStore
-from server.store.postgres_schema import LOCK_KEY, MIGRATIONS
+from server.store.postgres.migrations import LOCK_KEY, MIGRATIONS
 from tests.support.stores import Inbox, conversations, turn
 
 pytestmark = pytest.mark.anyio

@@ -29,7 +29,7 @@ from ..compiler.definitions import (
     DefinitionSet,
 )
 from ..errors import AgentNotFound, DigestNotFound, RequestError
-from ..store.base import Store, StoredDefinition, StoredFile
+from ..store.base import DefinitionStore, StoredDefinition, StoredFile
 from .vault import NO_VAULT, FileVault
 
 ALIAS = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
@@ -55,7 +55,7 @@ def split_ref(ref: str) -> tuple[str, str | None]:
 
 
 class Registry:
-    def __init__(self, definitions: DefinitionSet, store: Store, files: FileVault = NO_VAULT):
+    def __init__(self, definitions: DefinitionSet, store: DefinitionStore, files: FileVault = NO_VAULT):
         self.current = definitions
         self.store = store
         self.files = files

@@ -34,7 +34,7 @@ from ..compiler.lockfile import Lock, LockError, drift, read_lock
 from ..errors import CorralError, DefinitionsInvalid
 from ..ids import new_id
 from ..metrics import Metrics
-from ..store.base import Store, TurnRecord
+from ..store.base import DefinitionStore, TurnRecord
 from .registry import Registry
 from .reports import BusyTurn, Change, SwapReport
 
@@ -117,7 +117,7 @@ def changes_between(previous: DefinitionSet, current: DefinitionSet) -> tuple[Ch
 
 class Swapper:
     def __init__(self, compiler: Compiler, registry: Registry, running: RunningTurns,
-                 store: Store, publish: Publish, metrics: Metrics, *, locked: bool,
+                 store: DefinitionStore, publish: Publish, metrics: Metrics, *, locked: bool,
                  replica: str | None = None):
         self.compiler = compiler
         self.registry = registry

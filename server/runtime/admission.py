@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import anyio
 
 from ..errors import ConversationBusy, Overloaded, RequestError, StorageError
-from ..store.base import Holder, Notice, Store
+from ..store.base import Coordination, Holder, Notice
 from .active_turn import ActiveTurn
 
 BUSY_POLICIES = ("reject", "enqueue", "interrupt")
@@ -60,7 +60,7 @@ class _Wakeup:
 
 
 class Admission:
-    def __init__(self, store: Store, *, lease_s: float = 10.0, max_turns: int = 1000):
+    def __init__(self, store: Coordination, *, lease_s: float = 10.0, max_turns: int = 1000):
         self.store = store
         self.lease_s = lease_s
         self.max_turns = max_turns

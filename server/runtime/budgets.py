@@ -27,7 +27,7 @@ from .tokens import estimate, estimate_messages
 
 if TYPE_CHECKING:
     from ..providers.base import ModelRequest
-    from ..store.base import Store
+    from ..store.base import TurnJournal
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ class Spending:
     SIZE = 1000
     PAGE = 1000
 
-    def __init__(self, store: Store):
+    def __init__(self, store: TurnJournal):
         self.store = store
         self._cache: OrderedDict[str, tuple[str | None, int]] = OrderedDict()
 

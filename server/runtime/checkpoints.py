@@ -16,14 +16,19 @@ store's `recover_lapsed`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ..messages import Message, Usage
 from ..statuses import PermissionStatus
-from ..store.base import Store, TurnRecord
+from ..store.base import ConversationStore, PermissionStore, TurnJournal, TurnRecord
 from ..turn_events import ToolFinished, ToolStarted, TurnStarted, turn_of
 
 # permission states in which the call did not run
 NEVER_RAN: tuple[PermissionStatus, ...] = ("pending", "denied", "expired", "cancelled")
+
+
+class Records(ConversationStore, TurnJournal, PermissionStore, Protocol):
+    """The store's ports a checkpoint reads: the transcript, the event log, the permission requests."""
 
 
 @dataclass(frozen=True)
@@ -36,7 +41,7 @@ class Checkpoint:
     usage: Usage = field(default_factory=Usage)  # what its model requests used, committed with its steps
 
 
-async def checkpoint_of(store: Store, turn: TurnRecord) -> Checkpoint:
+async def checkpoint_of(store: Records, turn: TurnRecord) -> Checkpoint:
     """Read the turn's checkpoint (a resumed turn's one-off cost: the transcript and the events)."""
     own = await store.turn_messages(turn.conversation_id, turn.id)
     history = await _history(store, turn.conversation_id, own[0].seq if own else None)
@@ -68,7 +73,7 @@ async def checkpoint_of(store: Store, turn: TurnRecord) -> Checkpoint:
                                   int(turn.usage.get("output_tokens") or 0)))
 
 
-async def _history(store: Store, conversation_id: str, before: int | None) -> tuple[Message, ...]:
+async def _history(store: ConversationStore, conversation_id: str, before: int | None) -> tuple[Message, ...]:
     """The transcript before seq `before` (None: all of it), page by page: a conversation's turns run
     one at a time, so what precedes a turn's first message is what it had as history."""
     history: list[Message] = []

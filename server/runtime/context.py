@@ -42,7 +42,7 @@ from .tokens import estimate
 
 if TYPE_CHECKING:
     from ..messages import ToolSpec
-    from ..store.base import Store
+    from ..store.base import ContextStore
     from .events import EventHub
     from .transcripts import Transcripts
 
@@ -52,7 +52,7 @@ class Contexts:
 
     SIZE = 1000
 
-    def __init__(self, store: Store, models: Models, transcripts: Transcripts, hub: EventHub):
+    def __init__(self, store: ContextStore, models: Models, transcripts: Transcripts, hub: EventHub):
         self.store = store
         self.models = models
         self.transcripts = transcripts

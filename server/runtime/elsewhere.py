@@ -23,7 +23,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from ..statuses import ENDED_STATUSES
-from ..store.base import Store, TurnRecord
+from ..store.base import TurnJournal, TurnRecord
 from .active_turn import ActiveTurn
 from .admission import Admission
 from .bounds import waited
@@ -34,7 +34,7 @@ log = logging.getLogger("corral.conversations")
 
 
 class TurnsElsewhere:
-    def __init__(self, store: Store, admission: Admission, streams: EventStreams):
+    def __init__(self, store: TurnJournal, admission: Admission, streams: EventStreams):
         self.store = store
         self.admission = admission
         self.streams = streams

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import anyio
 
 from ..errors import CorralError, IdempotencyKeyReused
-from ..store.base import Store, TurnRecord
+from ..store.base import TurnJournal, TurnRecord
 from .active_turn import ActiveTurn
 
 
@@ -49,7 +49,7 @@ class _InFlight:
 
 
 class IdempotencyKeys:
-    def __init__(self, store: Store, ttl_s: float = 86_400):
+    def __init__(self, store: TurnJournal, ttl_s: float = 86_400):
         self.store = store
         self.ttl_s = ttl_s
         self._in_flight: dict[tuple[str, str], _InFlight] = {}

@@ -24,7 +24,7 @@ from ..clock import iso
 from ..errors import PermissionNotFound, RequestError
 from ..ids import new_id
 from ..statuses import DECIDED, PermissionStatus
-from ..store.base import Notice, PermissionRecord, Store
+from ..store.base import Notice, PermissionRecord, PermissionStore
 from ..tools.base import ToolContext
 from ..turn_events import PermissionRequested
 
@@ -37,7 +37,7 @@ class _Waiter:
 
 
 class PermissionBroker:
-    def __init__(self, store: Store, timeout_s: float):
+    def __init__(self, store: PermissionStore, timeout_s: float):
         self.store = store
         self.timeout_s = timeout_s
         self._waiting: dict[str, _Waiter] = {}

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 
 import anyio
 
-from ..store.base import EventRecord, Store
+from ..store.base import EventRecord, TurnJournal
 from ..turn_events import TurnStarted, ends, turn_of
 from .events import HEARTBEAT_S, POKE, EventHub
 
@@ -24,7 +24,7 @@ PAGE = 500
 
 
 class EventStreams:
-    def __init__(self, store: Store, hub: EventHub):
+    def __init__(self, store: TurnJournal, hub: EventHub):
         self.store = store
         self.hub = hub
 

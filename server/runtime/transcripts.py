@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from ..messages import Message
-from ..store.base import Store
+from ..store.base import ConversationStore
 
 
 class Transcripts:
@@ -20,7 +20,7 @@ class Transcripts:
 
     SIZE = 1000
 
-    def __init__(self, store: Store):
+    def __init__(self, store: ConversationStore):
         self.store = store
         # conversation -> (last seq, messages, the index of each turn's first message, the last turn id)
         self._cache: OrderedDict[str, tuple[int, list[Message], list[int], str | None]] = OrderedDict()

@@ -16,14 +16,14 @@ Not responsible for running turns or asking people (`conversations`,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
 from ..clock import iso
 from ..errors import TurnNotFound
 from ..statuses import ENDED_STATUSES
-from ..store.base import Store, TurnRecord
+from ..store.base import PermissionStore, TurnJournal, TurnRecord
 from .active_turn import ActiveTurn, TurnResult
 
 if TYPE_CHECKING:
@@ -68,7 +68,8 @@ class TurnView:
     requests: tuple[PendingRequest, ...] | None  # None unless it waits on a person
 
 
-async def pending_requests(store: Store, conversation_id: str, turn_id: str) -> tuple[PendingRequest, ...]:
+async def pending_requests(store: PermissionStore, conversation_id: str,
+                           turn_id: str) -> tuple[PendingRequest, ...]:
     """The permission requests of a turn that nobody has answered yet."""
     return tuple(PendingRequest(request_id=p.id, tool=p.tool, input=p.arguments, expires_at=iso(p.expires_at))
                  for p in await store.list_permissions(conversation_id)
@@ -96,11 +97,15 @@ async def _cancel_when_done(turn: ActiveTurn, scope: anyio.CancelScope) -> None:
     scope.cancel()
 
 
+class Followed(TurnJournal, PermissionStore, Protocol):
+    """The store's ports a turn is followed through: its row, and its permission requests."""
+
+
 class _Follow:
     """`answer`'s check, re-run on each of the conversation's events: (None,) once the turn has ended,
     (Waiting,) once it waits on a person, else None."""
 
-    def __init__(self, store: Store, turn: ActiveTurn):
+    def __init__(self, store: Followed, turn: ActiveTurn):
         self.store = store
         self.turn = turn
         self.here = turn.messages is not None  # it runs (or ran) on this replica: its state is in memory

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 from anyio.abc import TaskGroup
@@ -36,14 +36,18 @@ from ..metrics import Metrics
 from ..runtime.conversations import Conversations
 from ..runtime.events import EventHub
 from ..runtime.permissions import PermissionBroker
-from ..store.base import Notice, Recovered, ReplicaRecord, Store
+from ..store.base import Coordination, DefinitionStore, Notice, Recovered, ReplicaRecord
 
 log = logging.getLogger("corral.replicas")
 BACKLOG = 10_000  # notices waiting to be handled; beyond it, a resync
 
 
+class Replicated(Coordination, DefinitionStore, Protocol):
+    """The store's ports a replica uses: leases, heartbeats and notices, and the swaps others record."""
+
+
 class Replica:
-    def __init__(self, store: Store, *, lease_s: float, max_attempts: int, hub: EventHub,
+    def __init__(self, store: Replicated, *, lease_s: float, max_attempts: int, hub: EventHub,
                  conversations: Conversations, permissions: PermissionBroker, swapper: Swapper,
                  set_digest: Callable[[], str], metrics: Metrics):
         self.store = store

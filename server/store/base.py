@@ -1,4 +1,4 @@
-"""The store port: everything that must survive a restart.
+"""The store's ports, by role, and `Store`, all of them: everything that must survive a restart.
 
 Conversations, their turns (each with the agent digest it ran on), the
 transcript, the event log with per-conversation sequence numbers (what SSE
@@ -24,220 +24,102 @@ lapsed. `notify`/`subscribe` carry small JSON notices between replicas
 (PostgreSQL's LISTEN/NOTIFY); a store sends some itself, in the transaction
 that makes them true (see `Notice`). The embedded SQLite store has one
 process by design, so its notices go nowhere.
+
+One port per role, each consumer annotated with the ones it uses:
+`ConversationStore` (conversations and transcripts), `TurnJournal` (turns,
+events, a turn's batched writes), `Coordination` (holders, queues, leases,
+replicas), `DefinitionStore` (definitions, files, swaps, aliases),
+`PermissionStore` (the audit trail), `ContextStore` (compacted views and
+steered messages), `Lifecycle` (open, close, probe). Every port is also
+`Notices`: who the store speaks for and what replicas tell each other. The
+records are in `records` (re-exported here). Methods only tests use are not
+in any port (`tests/support/stores.StoreForTests`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, Protocol
 
-from ..errors import DuplicateIdempotencyKey  # noqa: F401  (re-exported: what `create_turn` raises)
+from ..errors import DuplicateIdempotencyKey
 from ..messages import Message
-from ..statuses import ConversationStatus, PermissionStatus, TurnStatus
-from ..turn_events import TurnEvent, read
+from ..statuses import ConversationStatus, PermissionStatus
+from .records import (
+    UNSET,
+    Admitted,
+    Claim,
+    ContextView,
+    ConversationRecord,
+    EventRecord,
+    Holder,
+    MessageRecord,
+    Notice,
+    PermissionRecord,
+    Recovered,
+    ReplicaRecord,
+    StoredDefinition,
+    StoredFile,
+    TurnRecord,
+)
+
+__all__ = [  # the records are re-exported: `from server.store.base import TurnRecord` is the usual import
+    "UNSET",
+    "Admitted",
+    "Claim",
+    "ContextStore",
+    "ContextView",
+    "ConversationRecord",
+    "ConversationStore",
+    "Coordination",
+    "DefinitionStore",
+    "DuplicateIdempotencyKey",
+    "EventRecord",
+    "Holder",
+    "Lifecycle",
+    "MessageRecord",
+    "Notice",
+    "Notices",
+    "PermissionRecord",
+    "PermissionStore",
+    "Recovered",
+    "ReplicaRecord",
+    "Store",
+    "StoredDefinition",
+    "StoredFile",
+    "TurnJournal",
+    "TurnRecord",
+]
 
 
-@dataclass(frozen=True, kw_only=True)
-class ConversationRecord:
-    id: str
-    agent: str  # as requested: "name", "name@sha256:...", or "name@alias"
-    agent_name: str
-    digest: str  # the digest resolved at creation (pinned conversations keep it)
-    pinned: bool
-    title: str | None = None
-    metadata: dict[str, Any] = field(default_factory=dict)
-    status: ConversationStatus = "idle"
-    created_at: float = 0.0
-    updated_at: float = 0.0
-    archived: bool = False  # lists leave it out unless asked for archived ones
-    forked_from: dict[str, Any] | None = None  # {"conversation_id", "turn_id" (None: all of it)}
+class Notices(Protocol):
+    """Who the store speaks for, and what replicas tell each other; every port has it."""
 
-
-class _Unset:
-    """An argument not given (where None is a value: a title may be set to null)."""
-
-    def __repr__(self) -> str:
-        return "UNSET"
-
-
-UNSET: Any = _Unset()
-
-
-@dataclass(frozen=True, kw_only=True)
-class TurnRecord:
-    id: str
-    conversation_id: str
-    agent: str
-    digest: str
-    status: TurnStatus
-    input: str = ""
-    output: str | None = None
-    stop_reason: str | None = None
-    usage: dict[str, int] = field(default_factory=dict)
-    error: dict[str, Any] | None = None  # {"code", "message"}
-    idempotency_key: str | None = None
-    request_digest: str | None = None  # of the request that held the idempotency key
-    started_at: float = 0.0
-    ended_at: float | None = None
-    attempts: int = 1  # how many times it has run: a turn resumed after a crash runs again
-
-
-@dataclass(frozen=True, kw_only=True)
-class MessageRecord:
-    seq: int
-    conversation_id: str
-    turn_id: str
-    message: Message
-    created_at: float
-
-
-@dataclass(frozen=True, kw_only=True)
-class EventRecord:
-    """One event as stored and published: `(name, data)` as the wire carries it, and its `seq`."""
-
-    seq: int
-    conversation_id: str
-    name: str
-    data: dict[str, Any]
-    created_at: float
-
-    @cached_property
-    def event(self) -> TurnEvent:
-        """The typed value (`turn_events.read`), read once however many streams relay it."""
-        return read(self.name, self.data)
-
-
-@dataclass(frozen=True, kw_only=True)
-class StoredDefinition:
-    kind: str
-    name: str
-    digest: str
-    spec: dict[str, Any]
-    first_seen: float
-
-
-@dataclass(frozen=True, kw_only=True)
-class PermissionRecord:
-    id: str
-    conversation_id: str
-    turn_id: str
-    tool_call_id: str
-    tool: str
-    arguments: dict[str, Any]
-    reason: str | None
-    status: PermissionStatus
-    requested_at: float
-    expires_at: float
-    decided_by: str | None = None
-    decided_at: float | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class Holder:
-    """The turn that holds a conversation: the one running (or about to) on `replica`."""
-
-    turn_id: str
-    replica: str
-    fence: int  # increases with every claim of the conversation: a stale holder can be told apart
-    lease_until: float
-
-
-@dataclass(frozen=True, kw_only=True)
-class Admitted:
-    """What `admit` decided. At most one of `busy` and `joined` is set; with either, nothing was queued."""
-
-    busy: str | None = None  # reject: the turn holding the conversation (or first in its queue)
-    joined: str | None = None  # the turn the idempotency key already names (queued, running or ended)
-    joined_request: str | None = None  # ... and the request digest it was sent with
-    cancel: Holder | None = None  # interrupt: the holder to cancel (queued turns were superseded)
-    fence: int | None = None  # queued first and the conversation free: claimed at once (no `claim` needed)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Claim:
-    fence: int | None = None  # the conversation is ours with this fencing token; None: not yet
-    superseded: bool = False  # an `interrupt` cancelled this queued turn (its queue entry is gone)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Recovered:
-    """A turn whose holder's lease lapsed: taken over to run again here (`resumed`, under `fence`;
-    `seq` is its `turn.resumed`), or, out of attempts, failed/interrupted (`seq`: its `turn.failed`)."""
-
-    turn: TurnRecord
-    seq: int
-    resumed: bool = False
-    fence: int = 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReplicaRecord:
-    id: str
-    started_at: float
-    heartbeat_at: float
-    set_digest: str
-    running_turns: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class ContextView:
-    """What a conversation's model requests carry instead of its older messages (a compaction, §10).
-
-    The transcript keeps every message; a request sends, in order, `summary` (if any), then the
-    messages after `upto_seq`, those up to `cut_seq` with their tool results' content cut. The
-    latest view of a conversation is the one in force; `number` counts its compactions from 1.
-    """
-
-    conversation_id: str
-    number: int
-    upto_seq: int  # messages with seq <= upto_seq are left out (summarized, or dropped)
-    cut_seq: int = 0  # tool results with seq <= cut_seq go with their content cut (truncate)
-    summary: str | None = None  # what the model is told of the messages left out
-    tokens: int = 0  # the tokens of a request with this view, when it was made
-    strategy: str = "summarize"  # summarize | truncate
-    created_at: float = 0.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class StoredFile:
-    """A file a definition points to, by the digest of its content (the file vault's shared copy)."""
-
-    digest: str
-    data: bytes
-    mode: int  # permission bits (a script stays executable)
-
-
-# Notices (dicts with "t" and "r", the sending replica). Sent by the store itself, in the transaction
-# that makes them true: {"t": "event", "c": conversation, "s": seq, "n": name} (append_event, and the
-# `turn.failed` of recover_lapsed); {"t": "status", "c": conversation, "st": status}
-# (set_conversation_status, recover_lapsed); {"t": "queue", "c": conversation} (release, an `interrupt`
-# admit, recover_lapsed, expired queue entries); {"t": "swap", "id": swap_id} (record_swap). Sent by
-# callers through `notify`: whatever else replicas tell each other (cancel a turn, a permission
-# decided, reload). A listener that lost its connection delivers {"t": "resync"} once back: it may
-# have missed notices. `subscribe` handlers get only other replicas' notices, on the event loop.
-Notice = dict[str, Any]
-
-
-class Store(Protocol):
-    """Every write either commits or raises `StorageError` (and tells `on_failure` first)."""
-
-    on_failure: Callable[[BaseException], None]  # a write failed: the store may be unwritable
     replica: str  # the replica this store speaks for: the "r" of its notices, the owner of its claims
     embedded: bool  # one process by design (SQLite): every lease it finds at start-up has lapsed
+
+    async def notify(self, notice: Notice) -> None: ...  # to every other replica ("r" is added)
+    def subscribe(self, handler: Callable[[Notice], None]) -> None: ...
+
+
+class Lifecycle(Protocol):
+    """Opening, closing, and telling whether the store can still commit (`store.health`)."""
+
+    on_failure: Callable[[BaseException], None]  # a write failed: the store may be unwritable
 
     async def open(self) -> None: ...
     async def close(self) -> None: ...
     async def probe(self) -> None: ...  # a small write; raises StorageError when it cannot commit
 
-    # conversations
+
+class ConversationStore(Notices, Protocol):
+    """Conversations and their transcripts (a fork shares its source's: `forks`)."""
+
     async def create_conversation(self, conversation: ConversationRecord) -> None: ...
     async def get_conversation(self, conversation_id: str) -> ConversationRecord | None: ...
     async def list_conversations(
         self, *, agent: str | None = None, digest: str | None = None,
-        status: ConversationStatus | None = None, limit: int = 50, after: str | None = None,
-        archived: bool = False,
+        status: ConversationStatus | None = None,
+        limit: int = 50, after: str | None = None, archived: bool = False,
     ) -> list[ConversationRecord]: ...  # newest first; `after` is a conversation id; archived or not
     async def update_conversation(self, conversation_id: str, *, title: Any = UNSET, metadata: Any = UNSET,
                                   archived: Any = UNSET, now: float) -> bool: ...
@@ -256,10 +138,23 @@ class Store(Protocol):
     # nothing, when the source does not exist or `before_turn_id` is not its turn
     async def delete_conversation(self, conversation_id: str) -> bool: ...  # with its turns, messages, events
     # ^ forks sharing its messages keep them (they pass to one fork: `forks`)
-    async def set_conversation_status(self, conversation_id: str, status: ConversationStatus,
-                                      now: float) -> None: ...
+    async def append_messages(self, conversation_id: str, turn_id: str, messages: list[Message],
+                              now: float) -> None: ...
+    async def list_messages(self, conversation_id: str, *, limit: int = 1000,
+                            after: int = 0) -> list[MessageRecord]: ...  # oldest first
+    async def turn_messages(self, conversation_id: str, turn_id: str) -> list[MessageRecord]: ...
+    # ^ the messages a turn wrote (each, exactly: an index lookup, not a read of the transcript)
 
-    # turns
+
+class TurnJournal(Notices, Protocol):
+    """Turns and the event log, and a turn's writes batched: one transaction each (what a turn commits
+    per model step or tool result).
+
+    Fencing: with `fence`, `append`, `end_turn` and `update_turn` (and `Coordination.release`) first
+    check that the conversation's holder is still this turn on this replica under that fencing token,
+    and raise `LeaseLost` (writing nothing) when it is not.
+    """
+
     async def create_turn(self, turn: TurnRecord) -> None: ...  # raises DuplicateIdempotencyKey
     async def update_turn(self, turn_id: str, *, fence: int | None = None, **changes: Any) -> None: ...
     async def get_turn(self, turn_id: str) -> TurnRecord | None: ...
@@ -267,20 +162,10 @@ class Store(Protocol):
                          after: str | None = None) -> list[TurnRecord]: ...  # oldest first
     async def find_turn_by_key(self, conversation_id: str, key: str, since: float) -> TurnRecord | None: ...
     async def running_turns(self) -> list[TurnRecord]: ...  # running or waiting, on every replica
-
-    # transcript and events
-    async def append_messages(self, conversation_id: str, turn_id: str, messages: list[Message],
-                              now: float) -> None: ...
-    async def list_messages(self, conversation_id: str, *, limit: int = 1000,
-                            after: int = 0) -> list[MessageRecord]: ...  # oldest first
-    async def turn_messages(self, conversation_id: str, turn_id: str) -> list[MessageRecord]: ...
-    # ^ the messages a turn wrote (each, exactly: an index lookup, not a read of the transcript)
-    async def append_event(self, conversation_id: str, name: str, data: dict[str, Any],
-                           now: float) -> int: ...  # returns the event's seq (1, 2, ...)
+    async def set_conversation_status(self, conversation_id: str, status: ConversationStatus,
+                                      now: float) -> None: ...
     async def list_events(self, conversation_id: str, *, after: int = 0,
                           limit: int = 1000) -> list[EventRecord]: ...
-
-    # a turn's writes, batched: one transaction each (what a turn commits per model step or tool result)
     async def begin_turn(self, turn: TurnRecord, event: tuple[str, dict[str, Any]], now: float) -> int: ...
     # ^ create_turn + the conversation "busy" + the event (its `turn.started`); returns the event's seq
     async def append(self, conversation_id: str, turn_id: str, messages: list[Message],
@@ -292,31 +177,11 @@ class Store(Protocol):
                        event: tuple[str, dict[str, Any]], now: float, *, fence: int | None = None) -> int: ...
     # ^ update_turn(changes) + the event (its ending) + the conversation "idle" + release(turn);
     # returns the event's seq. Notices as their single-write forms send.
-    # Fencing: with `fence`, `append`, `end_turn`, `release` and `update_turn` first check that the
-    # conversation's holder is still this turn on this replica under that fencing token, and raise
-    # `LeaseLost` (writing nothing) when it is not.
 
-    # definitions ever served (content-addressed)
-    # save_definitions ignores digests already stored
-    async def save_definitions(self, definitions: list[StoredDefinition]) -> None: ...
-    async def get_definition(self, digest: str) -> StoredDefinition | None: ...
-    async def find_definitions(self, kind: str, name: str) -> list[StoredDefinition]: ...
 
-    # swap history (newest first; `after` is a swap id) and agent aliases
-    async def record_swap(self, swap_id: str, at: float, status: str, report: dict[str, Any]) -> None: ...
-    async def list_swaps(self, *, limit: int = 50, after: str | None = None) -> list[dict[str, Any]]: ...
-    async def set_alias(self, agent: str, alias: str, digest: str, now: float) -> None: ...
-    async def get_alias(self, agent: str, alias: str) -> str | None: ...
-    async def list_aliases(self, agent: str) -> list[dict[str, Any]]: ...
-    async def delete_alias(self, agent: str, alias: str) -> bool: ...
+class Coordination(Notices, Protocol):
+    """Who runs a conversation's turn, across replicas (see the module docstring), and the replicas."""
 
-    # permission requests and decisions (audit)
-    async def create_permission(self, record: PermissionRecord) -> None: ...
-    async def decide_permission(self, request_id: str, status: PermissionStatus, decided_by: str,
-                                now: float) -> bool: ...
-    # ^ only a pending request changes; returns whether it did
-
-    # who runs a conversation's turn, across replicas (see the module docstring)
     async def admit(self, conversation_id: str, turn_id: str, policy: str, now: float, lease_until: float,
                     *, key: str | None = None, request_digest: str | None = None) -> Admitted: ...
     # ^ one transaction, serialized per conversation: `key` (an Idempotency-Key) already named by a
@@ -346,8 +211,6 @@ class Store(Protocol):
     async def hand_over(self, conversation_id: str, turn_id: str, fence: int) -> None: ...
     # ^ a replica stopping: the holder's lease lapses now (if `fence` still holds), so another replica
     # (or this one's next start) takes the turn over at once; a "handoff" notice tells the others
-    async def notify(self, notice: Notice) -> None: ...  # to every other replica ("r" is added)
-    def subscribe(self, handler: Callable[[Notice], None]) -> None: ...
 
     # replicas (GET /v1/replicas)
     async def heartbeat(self, replica: ReplicaRecord) -> None: ...  # insert or update by id
@@ -355,14 +218,39 @@ class Store(Protocol):
     async def list_replicas(self, since: float) -> list[ReplicaRecord]: ...
     async def remove_replica(self, replica_id: str) -> None: ...
 
-    # files definitions point to, content-addressed (what a pin on another replica runs)
+
+class DefinitionStore(Notices, Protocol):
+    """Every definition ever served and the files they point to (content-addressed, so a pin resolves
+    on any replica, after edits and restarts), the swap history and agent aliases."""
+
+    async def save_definitions(self, definitions: list[StoredDefinition]) -> None: ...  # known digests kept
+    async def get_definition(self, digest: str) -> StoredDefinition | None: ...
     async def save_files(self, files: list[StoredFile]) -> None: ...  # known digests are skipped
     async def get_file(self, digest: str) -> StoredFile | None: ...
+    # swaps: newest first; `after` is a swap id
+    async def record_swap(self, swap_id: str, at: float, status: str, report: dict[str, Any]) -> None: ...
+    async def list_swaps(self, *, limit: int = 50, after: str | None = None) -> list[dict[str, Any]]: ...
     async def get_swap(self, swap_id: str) -> dict[str, Any] | None: ...  # the report, as recorded
+    async def set_alias(self, agent: str, alias: str, digest: str, now: float) -> None: ...
+    async def get_alias(self, agent: str, alias: str) -> str | None: ...
+    async def list_aliases(self, agent: str) -> list[dict[str, Any]]: ...
+    async def delete_alias(self, agent: str, alias: str) -> bool: ...
+
+
+class PermissionStore(Notices, Protocol):
+    """Permission requests and their decisions: the audit trail of who allowed which tool call."""
+
+    async def create_permission(self, record: PermissionRecord) -> None: ...
+    async def decide_permission(self, request_id: str, status: PermissionStatus, decided_by: str,
+                                now: float) -> bool: ...
+    # ^ only a pending request changes; returns whether it did
     async def get_permission(self, request_id: str) -> PermissionRecord | None: ...
     async def list_permissions(self, conversation_id: str) -> list[PermissionRecord]: ...
 
-    # context management (§10): compacted views, and messages steered into a running turn
+
+class ContextStore(Notices, Protocol):
+    """Context management (§10): compacted views, and messages steered into a running turn."""
+
     async def save_context_view(self, view: ContextView, turn_id: str, event: tuple[str, dict[str, Any]],
                                 now: float, *, fence: int | None = None) -> int: ...
     # ^ the view and its event (`context.compacted`) in one transaction, fenced as `append` is (by
@@ -386,3 +274,11 @@ class Store(Protocol):
                           steer_id: int | None = None) -> list[str]: ...
     # ^ deletes and returns the turn's pending messages (or only `steer_id`, and its key), oldest
     # first: what a turn that ended did not pick up
+
+
+class Store(Lifecycle, ConversationStore, TurnJournal, Coordination, DefinitionStore, PermissionStore,
+            ContextStore, Protocol):
+    """Every port, as one store implements them (what the composition root opens and hands out).
+
+    Every write either commits or raises `StorageError` (and tells `on_failure` first).
+    """

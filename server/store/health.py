@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 import anyio
 
 from ..errors import StorageError
-from .base import Store
+from .base import Lifecycle
 
 log = logging.getLogger("corral.store")
 
@@ -28,7 +28,7 @@ PROBE_INTERVAL_S = 0.25
 
 
 class StoreHealth:
-    def __init__(self, store: Store, grace_s: float = 10.0):
+    def __init__(self, store: Lifecycle, grace_s: float = 10.0):
         self.store = store
         self.grace_s = grace_s
         self.error: StorageError | None = None  # set once the store is dead

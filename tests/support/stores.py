@@ -1,4 +1,4 @@
-"""Records for store tests, and an inbox for the notices a store delivers.
+"""Records for store tests, the store as tests use it, and an inbox for the notices a store delivers.
 
     await conversations(store, "c1", "c2")          # created in that order (c1 oldest)
     await store.create_turn(turn("t1", key="k"))    # running, in c1
@@ -12,16 +12,35 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, Protocol
 
 import anyio
 import pytest
 
-from server.store.base import ConversationRecord, Notice, PermissionRecord, Store, TurnRecord
+from server.store.base import (
+    ConversationRecord,
+    Notice,
+    PermissionRecord,
+    Store,
+    StoredDefinition,
+    TurnRecord,
+)
 from server.store.postgres import PostgresStore
 from server.store.sqlite import SQLiteStore
 
 DIGEST_A = "sha256:" + "a" * 64
 DIGEST_B = "sha256:" + "b" * 64
+
+
+class StoreForTests(Store, Protocol):
+    """Every port, and what both stores have for tests and benchmarks only (the server never calls
+    these, so no port names them)."""
+
+    async def append_event(self, conversation_id: str, name: str, data: dict[str, Any],
+                           now: float) -> int: ...
+    # ^ one event on its own, with its "event" notice; returns its seq
+    async def find_definitions(self, kind: str, name: str) -> list[StoredDefinition]: ...
+    # ^ every version of one definition ever served, oldest first
 
 
 def conversation(id: str, *, created_at: float = 1.0, agent_name: str = "helper", digest: str = DIGEST_A,
@@ -44,7 +63,7 @@ def permission(id: str, turn_id: str, conversation_id: str = "c1") -> Permission
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-def make_store(request, tmp_path) -> Callable[[str], Store]:
+def make_store(request, tmp_path) -> Callable[[str], StoreForTests]:
     """A new (unopened) store for a replica, on this test's one file or database."""
     if request.param == "sqlite":
         return lambda replica: SQLiteStore(tmp_path / "corral.db", replica=replica)
@@ -70,7 +89,7 @@ async def other(make_store, store):
     await s.close()
 
 
-async def conversations(store: Store, *ids: str) -> None:
+async def conversations(store: StoreForTests, *ids: str) -> None:
     for n, cid in enumerate(ids):
         await store.create_conversation(conversation(cid, created_at=float(n)))
 

@@ -1,6 +1,6 @@
-"""SQLite tables for coordination: who holds a conversation, its queue, replicas, shared files.
+"""SQLite tables for coordination: who holds a conversation, its queue, its lease, the replicas.
 
-A mixin of `SQLiteStore` (same connection, same transaction rules). The
+A part of `SQLiteStore` (same connection, same transaction rules). The
 embedded store serves one process by design, so the queue and the holder
 are what keep that process's turns in order (arrival order, one at a time);
 leases only matter at start-up, where every holder a previous run left has
@@ -9,26 +9,19 @@ lapsed. Notices go nowhere: there is no other replica to tell.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Callable
-from contextlib import AbstractContextManager
-from typing import Any
+from dataclasses import replace
 
-from ..errors import LeaseLost
-from .base import Admitted, Claim, Holder, Notice, Recovered, ReplicaRecord, StoredFile, TurnRecord
+from .. import rows
+from ..records import Admitted, Claim, Holder, Notice, Recovered, ReplicaRecord, TurnRecord
+from ..statements import SQLITE as SQL
+from .writes import Tables, check_fence, insert_events, release_turn
 
 INTERRUPTED = {"code": "interrupted", "message": "the server stopped while this turn was running"}
 
 
-class CoordinationTables:
-    _db: sqlite3.Connection
-    replica: str
-    embedded: bool
-
-    def _write(self) -> AbstractContextManager[sqlite3.Connection]:  # provided by SQLiteStore
-        raise NotImplementedError
-
+class CoordinationTables(Tables):
     # --- who runs a conversation's turn ------------------------------------------
 
     async def admit(self, conversation_id: str, turn_id: str, policy: str, now: float, lease_until: float,
@@ -100,7 +93,7 @@ class CoordinationTables:
                 (everything, self.replica, starting, self.replica, now)).fetchall())
             # a lapsed holder's turn, and any turn left running that holds nothing (a crash between
             # the claim and the turn's row cannot leave one; an older schema's crash can)
-            rows = [dict(row) for row in db.execute(
+            unfinished = [rows.turn(row) for row in db.execute(
                 "SELECT t.* FROM turns t JOIN conversations c ON c.id = t.conversation_id"
                 " WHERE t.status IN ('running', 'waiting')"
                 " AND (c.holder_turn IS NULL OR c.holder_turn != t.id)"
@@ -108,13 +101,11 @@ class CoordinationTables:
                 " WHERE t.status IN ('running', 'waiting') AND c.id IN"
                 f" ({','.join('?' * len(held))}) ORDER BY started_at, id", tuple(held))]
             recovered: list[Recovered] = []
-            for fields in rows:
-                fields["usage"] = json.loads(fields["usage"])
+            for turn in unfinished:
                 # only a lapsed holder's turn runs again; a turn running without holding is an anomaly
-                holds = held.get(fields["conversation_id"]) == fields["id"]
-                again = holds and fields["attempts"] < max_attempts
-                recovered.append(_take_over(db, fields, self.replica, now, lease_until) if again
-                                 else _fail(db, fields, now))
+                again = held.get(turn.conversation_id) == turn.id and turn.attempts < max_attempts
+                recovered.append(_take_over(db, turn, self.replica, now, lease_until) if again
+                                 else _fail(db, turn, now))
             resumed = {r.turn.conversation_id for r in recovered if r.resumed}
             # the cleared holders' queue entries go with them: one that outlived its lease would block
             db.executemany("DELETE FROM admissions WHERE turn_id = ?",
@@ -154,95 +145,42 @@ class CoordinationTables:
     async def heartbeat(self, replica: ReplicaRecord) -> None:
         r = replica
         with self._write() as db:
-            db.execute(
-                "INSERT INTO replicas (id, started_at, heartbeat_at, set_digest, running_turns)"
-                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET started_at = excluded.started_at,"
-                " heartbeat_at = excluded.heartbeat_at, set_digest = excluded.set_digest,"
-                " running_turns = excluded.running_turns",
-                (r.id, r.started_at, r.heartbeat_at, r.set_digest, r.running_turns))
+            db.execute(SQL.heartbeat, (r.id, r.started_at, r.heartbeat_at, r.set_digest, r.running_turns))
 
     async def list_replicas(self, since: float) -> list[ReplicaRecord]:
-        # running_turns: the turns it holds now (as the PostgreSQL store counts them)
-        rows = self._db.execute(
-            "SELECT r.id, r.started_at, r.heartbeat_at, r.set_digest, (SELECT count(*) FROM conversations c"
-            " WHERE c.holder_replica = r.id AND c.holder_turn LIKE 'turn\\_%' ESCAPE '\\') AS running_turns"
-            " FROM replicas r WHERE r.heartbeat_at >= ? ORDER BY r.id", (since,))
-        return [ReplicaRecord(**dict(row)) for row in rows]
+        return [rows.replica(row) for row in self._db.execute(SQL.list_replicas, (since,))]
 
     async def remove_replica(self, replica_id: str) -> None:
         with self._write() as db:
-            db.execute("DELETE FROM replicas WHERE id = ?", (replica_id,))
-
-    # --- files definitions point to ------------------------------------------------
-
-    async def save_files(self, files: list[StoredFile]) -> None:
-        if not files:
-            return
-        with self._write() as db:
-            db.executemany("INSERT OR IGNORE INTO files (digest, data, mode) VALUES (?, ?, ?)",
-                           [(f.digest, f.data, f.mode) for f in files])
-
-    async def get_file(self, digest: str) -> StoredFile | None:
-        row = self._db.execute("SELECT digest, data, mode FROM files WHERE digest = ?", (digest,)).fetchone()
-        return None if row is None else StoredFile(digest=row[0], data=bytes(row[1]), mode=row[2])
+            db.execute(SQL.remove_replica, (replica_id,))
 
 
-def check_fence(db: sqlite3.Connection, conversation_id: str, turn_id: str, fence: int,
-                replica: str) -> None:
-    """Raise `LeaseLost` unless the conversation's holder is still this turn, here, under `fence`."""
-    row = db.execute("SELECT holder_turn, holder_replica, fence FROM conversations WHERE id = ?",
-                     (conversation_id,)).fetchone()
-    if row is None or tuple(row) != (turn_id, replica, fence):
-        raise LeaseLost(f"turn {turn_id} no longer holds conversation {conversation_id} under fence {fence}")
-
-
-def _take_over(db: sqlite3.Connection, fields: dict[str, Any], replica: str, now: float,
+def _take_over(db: sqlite3.Connection, turn: TurnRecord, replica: str, now: float,
                lease_until: float) -> Recovered:
     """This replica holds the turn's conversation now, to run the turn again (its next attempt)."""
-    conversation_id, attempt = fields["conversation_id"], fields["attempts"] + 1
-    db.execute("UPDATE turns SET attempts = ? WHERE id = ?", (attempt, fields["id"]))
-    fence = _hold(db, conversation_id, fields["id"], replica, lease_until)
+    attempt = turn.attempts + 1
+    db.execute("UPDATE turns SET attempts = ? WHERE id = ?", (attempt, turn.id))
+    fence = _hold(db, turn.conversation_id, turn.id, replica, lease_until)
     db.execute("UPDATE admissions SET replica = ?, lease_until = ? WHERE turn_id = ?",
-               (replica, lease_until, fields["id"]))
-    seq = _event(db, conversation_id, "turn.resumed", {"turn_id": fields["id"], "attempt": attempt}, now)
-    fields["attempts"] = attempt
-    if fields["error"] is not None:
-        fields["error"] = json.loads(fields["error"])
-    return Recovered(turn=TurnRecord(**fields), seq=seq, resumed=True, fence=fence)
+               (replica, lease_until, turn.id))
+    resumed = ("turn.resumed", {"turn_id": turn.id, "attempt": attempt})
+    (seq,) = insert_events(db, turn.conversation_id, [resumed], now)
+    return Recovered(turn=replace(turn, attempts=attempt), seq=seq, resumed=True, fence=fence)
 
 
-def _fail(db: sqlite3.Connection, fields: dict[str, Any], now: float) -> Recovered:
+def _fail(db: sqlite3.Connection, turn: TurnRecord, now: float) -> Recovered:
     """The turn ends as failed/interrupted: out of attempts, or not to be resumed."""
-    conversation_id = fields["conversation_id"]
     db.execute("UPDATE turns SET status = 'failed', error = ?, ended_at = ? WHERE id = ?",
-               (json.dumps(INTERRUPTED), now, fields["id"]))
+               (rows.dumps(INTERRUPTED), now, turn.id))
     db.execute("UPDATE permissions SET status = 'cancelled', decided_by = 'recovery',"
-               " decided_at = ? WHERE turn_id = ? AND status = 'pending'", (now, fields["id"]))
-    seq = _event(db, conversation_id, "turn.failed", {"turn_id": fields["id"], "error": INTERRUPTED}, now)
-    fields.update(status="failed", error=INTERRUPTED, ended_at=now)
-    return Recovered(turn=TurnRecord(**fields), seq=seq)
-
-
-def _event(db: sqlite3.Connection, conversation_id: str, name: str, data: dict[str, Any], now: float) -> int:
-    (last,) = db.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE conversation_id = ?",
-                         (conversation_id,)).fetchone()
-    db.execute("INSERT INTO events (conversation_id, seq, name, data, created_at) VALUES (?, ?, ?, ?, ?)",
-               (conversation_id, last + 1, name, json.dumps(data), now))
-    return last + 1
-
-
-def release_turn(db: sqlite3.Connection, conversation_id: str, turn_id: str) -> None:
-    db.execute("DELETE FROM admissions WHERE turn_id = ?", (turn_id,))
-    db.execute("UPDATE conversations SET holder_turn = NULL, holder_replica = NULL, lease_until = NULL"
-               " WHERE id = ? AND holder_turn = ?", (conversation_id, turn_id))
+               " decided_at = ? WHERE turn_id = ? AND status = 'pending'", (now, turn.id))
+    failed = ("turn.failed", {"turn_id": turn.id, "error": INTERRUPTED})
+    (seq,) = insert_events(db, turn.conversation_id, [failed], now)
+    return Recovered(turn=replace(turn, status="failed", error=INTERRUPTED, ended_at=now), seq=seq)
 
 
 def _holder(db: sqlite3.Connection, conversation_id: str) -> Holder | None:
-    row = db.execute("SELECT holder_turn, holder_replica, fence, lease_until FROM conversations"
-                     " WHERE id = ? AND holder_turn IS NOT NULL", (conversation_id,)).fetchone()
-    if row is None:
-        return None
-    return Holder(turn_id=row[0], replica=row[1], fence=row[2], lease_until=row[3])
+    return rows.holder(db.execute(SQL.holder, (conversation_id,)).fetchone())
 
 
 def _first_queued(db: sqlite3.Connection, conversation_id: str, *, fresh: bool = False) -> str | None:

@@ -25,8 +25,8 @@ from typing import Any
 
 import asyncpg
 
-from .base import Notice
-from .postgres_pool import CHANNEL
+from ..records import Notice
+from .pool import CHANNEL
 
 log = logging.getLogger("corral.store")
 

@@ -1,13 +1,15 @@
-"""PostgreSQL tables of a turn's life: turns, the transcript, the event log, and the batched turn writes.
+"""PostgreSQL tables of a turn's life: turns, the event log, and a turn's batched writes.
 
-A mixin of `PostgresStore`. Every write here is ONE statement (one round
+A part of `PostgresStore`. Its writes are its own on purpose (SQLite's are
+a few plain statements in one in-process transaction, numbered by
+`MAX(seq) + 1`, with no notices): every write here is ONE statement (one round
 trip, its own transaction), notices included: the counters on the
 conversation's row number messages and events (`UPDATE ... RETURNING`, which
 also takes the row's lock, so concurrent appenders queue there), and the
 rows and their `pg_notify` follow in the same statement's CTEs.
 
 A statement that writes several tables keeps the store's lock order
-(conversation row first, see `postgres_coordination`): its other writes are
+(conversation row first, see `coordination`): its other writes are
 made to depend on the counter's row (`EXISTS (SELECT FROM counter)`), so they
 run once that row is locked.
 
@@ -23,16 +25,17 @@ writes nothing, and the method raises `LeaseLost`.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import asyncpg
 
-from ..errors import DuplicateIdempotencyKey
-from ..messages import Message
-from .base import EventRecord, TurnRecord
-from .postgres_pool import PostgresBase, dumps, lease_lost, notice_sql
-from .postgres_rows import TURN_COLUMNS, TURN_JSON, TURN_UPDATES, turn_record
+from ...errors import DuplicateIdempotencyKey
+from ...messages import Message
+from .. import rows
+from ..records import EventRecord, TurnRecord
+from ..rows import TURN_COLUMNS, dumps
+from ..statements import POSTGRES as SQL
+from .pool import PostgresBase, lease_lost, notice_sql
 
 
 def _event_notice(replica: str) -> str:
@@ -44,7 +47,7 @@ def _event_notice(replica: str) -> str:
 _BUSY = notice_sql("status", r="$19::text", c="$2::text", st="'busy'")
 
 
-def _append_sql(fenced: bool, usage: bool = False) -> str:
+def append_sql(fenced: bool, usage: bool = False) -> str:
     """$1 conversation, $2 turn, $3 message bodies, $4 event names, $5 event data, $6 now, $7 replica;
     `fenced`: $8 the fence, and nothing is written unless ($2, $7, $8) holds the conversation, which
     the first row's `held` says (one row at least, its `seq` NULL when there are no events); `usage`:
@@ -85,10 +88,10 @@ def _usage_sql(n: int) -> str:
     return f" used AS (UPDATE turns SET usage = ${n}::text WHERE id = $2 AND EXISTS (SELECT FROM counter)),"
 
 
-_APPEND = _append_sql(False)
-_APPEND_FENCED = _append_sql(True)
-_APPEND_USED = _append_sql(False, usage=True)
-_APPEND_FENCED_USED = _append_sql(True, usage=True)
+APPEND = append_sql(False)
+_APPEND_FENCED = append_sql(True)
+_APPEND_USED = append_sql(False, usage=True)
+_APPEND_FENCED_USED = append_sql(True, usage=True)
 
 # the turn ($1-$15), then $16 its event's name, $17 its data, $18 now, $19 replica
 _BEGIN_TURN = (
@@ -132,13 +135,11 @@ def _end_turn_sql(columns: list[str], fenced: bool = False) -> str:
     )
 
 
-def _update_turn_sql(columns: list[str], fenced: bool) -> str:
-    """$1 turn, then the changes; `fenced`: $2 replica, $3 fence (the changes follow), one row: `held`."""
-    first = 4 if fenced else 2
+def _update_turn_sql(columns: list[str]) -> str:
+    """$1 turn, $2 replica, $3 fence, then the changes; one row: `held` (unfenced: `statements`)."""
+    first = 4
     # names come from the whitelist
     assignments = ", ".join(f"{column} = ${n}" for n, column in enumerate(columns, start=first))
-    if not fenced:
-        return f"UPDATE turns SET {assignments} WHERE id = $1"
     # the conversation's row first (the store's lock order), locked: a take-over waits, or is waited for
     return (
         "WITH held AS (SELECT 1 FROM conversations WHERE id = (SELECT conversation_id FROM turns"
@@ -148,92 +149,64 @@ def _update_turn_sql(columns: list[str], fenced: bool) -> str:
     )
 
 
-def _turn_values(t: TurnRecord) -> tuple[Any, ...]:
-    return (t.id, t.conversation_id, t.agent, t.digest, t.status, t.input, t.output, t.stop_reason,
-            dumps(t.usage), None if t.error is None else dumps(t.error), t.idempotency_key,
-            t.request_digest, t.started_at, t.ended_at, t.attempts)
-
-
-def _changes(changes: dict[str, Any]) -> tuple[list[str], list[Any]]:
-    """The columns to set (each one of `TURN_UPDATES`) and their values, JSON encoded where it is."""
-    unknown = changes.keys() - TURN_UPDATES
-    if unknown:
-        raise ValueError(f"update_turn cannot change {', '.join(sorted(unknown))}")
-    values = [dumps(value) if column in TURN_JSON and value is not None else value
-              for column, value in changes.items()]
-    return list(changes), values
-
-
 def _duplicate(exc: asyncpg.UniqueViolationError, turn: TurnRecord) -> BaseException:
     if exc.constraint_name == "turns_idempotency_key" and turn.idempotency_key is not None:
         return DuplicateIdempotencyKey(turn.idempotency_key)
     return exc
 
 
-class TurnTables(PostgresBase):
-    # turns
-
+class JournalTables(PostgresBase):
     async def create_turn(self, turn: TurnRecord) -> None:
         """Insert a turn; raise `DuplicateIdempotencyKey` if its key is taken in the conversation."""
         try:
-            await self._write(f"INSERT INTO turns ({TURN_COLUMNS})"
-                              " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
-                              *_turn_values(turn))
+            await self._write(SQL.insert_turn, *rows.turn_values(turn))
         except asyncpg.UniqueViolationError as exc:
             raise _duplicate(exc, turn) from None
 
     async def update_turn(self, turn_id: str, *, fence: int | None = None, **changes: Any) -> None:
         """Set only the given columns; with `fence`, only while this turn holds its conversation under it."""
-        columns, values = _changes(changes)
+        columns, values = rows.turn_changes(changes)
         if not columns:
             return
         if fence is None:
-            await self._write(_update_turn_sql(columns, False), turn_id, *values)
+            await self._write(SQL.update_turn(tuple(columns)), turn_id, *values)
             return
-        rows = await self._write(_update_turn_sql(columns, True), turn_id, self.replica, fence, *values)
-        if not rows[0]["held"]:
+        held = await self._write(_update_turn_sql(columns), turn_id, self.replica, fence, *values)
+        if not held[0]["held"]:
             raise lease_lost(turn_id, None, fence)
 
     async def get_turn(self, turn_id: str) -> TurnRecord | None:
-        row = await self._read_row(f"SELECT {TURN_COLUMNS} FROM turns WHERE id = $1", turn_id)
-        return None if row is None else turn_record(row)
+        row = await self._read_row(SQL.get_turn, turn_id)
+        return None if row is None else rows.turn(row)
 
     async def list_turns(self, conversation_id: str, *, limit: int = 50,
                          after: str | None = None) -> list[TurnRecord]:
         """Oldest first by (started_at, id); `after` is the last turn id of the previous page."""
-        sql = f"SELECT {TURN_COLUMNS} FROM turns WHERE conversation_id = $1"
         params: list[Any] = [conversation_id]
+        keyset = None
         if after is not None:
-            at = await self._read_row("SELECT started_at FROM turns WHERE id = $1", after)
-            params.append(after)
-            if at is None:  # deleted while the caller paged: our ids sort by creation time
-                sql += " AND id > $2"
-            else:
-                params.append(at[0])
-                sql += " AND (started_at, id) > ($3, $2)"
-        params.append(limit)
-        sql += f" ORDER BY started_at, id LIMIT ${len(params)}"
-        return [turn_record(row) for row in await self._read(sql, *params)]
+            at = await self._read_row(SQL.turn_started, after)
+            keyset, params = ("id", [*params, after]) if at is None else ("time", [*params, after, at[0]])
+        return [rows.turn(row) for row in await self._read(SQL.list_turns(keyset), *params, limit)]
 
     async def find_turn_by_key(self, conversation_id: str, key: str, since: float) -> TurnRecord | None:
-        row = await self._read_row(
-            f"SELECT {TURN_COLUMNS} FROM turns WHERE conversation_id = $1 AND idempotency_key = $2"
-            " AND started_at >= $3", conversation_id, key, since)
-        return None if row is None else turn_record(row)
+        row = await self._read_row(SQL.find_turn_by_key, conversation_id, key, since)
+        return None if row is None else rows.turn(row)
 
     async def running_turns(self) -> list[TurnRecord]:
-        rows = await self._read(f"SELECT {TURN_COLUMNS} FROM turns WHERE status IN ('running', 'waiting')"
-                                " ORDER BY started_at, id")
-        return [turn_record(row) for row in rows]
+        return [rows.turn(row) for row in await self._read(SQL.running_turns)]
 
     # transcript and events
 
-    async def append_messages(self, conversation_id: str, turn_id: str, messages: list[Message],
-                              now: float) -> None:
-        """Append to the transcript and touch the conversation's `updated_at`."""
-        await self.append(conversation_id, turn_id, messages, [], now)
+    async def set_conversation_status(self, conversation_id: str, status: str, now: float) -> None:
+        notice = notice_sql("status", r="$4::text", c="id", st="status")
+        await self._write(
+            "WITH changed AS (UPDATE conversations SET status = $2, updated_at = $3 WHERE id = $1"
+            f" RETURNING id, status) SELECT {notice} FROM changed",
+            conversation_id, status, now, self.replica)
 
     async def append_event(self, conversation_id: str, name: str, data: dict[str, Any], now: float) -> int:
+        """One event on its own (for tests and benchmarks: the server appends through `append`)."""
         (seq,) = await self.append(conversation_id, "", [], [(name, data)], now)
         return seq
 
@@ -248,24 +221,18 @@ class TurnTables(PostgresBase):
                 [name for name, _ in events], [dumps(data) for _, data in events], now, self.replica)
         used = () if usage is None else (dumps(usage),)
         if fence is None:
-            return [row["seq"] for row in await self._write(_APPEND if usage is None else _APPEND_USED,
+            return [row["seq"] for row in await self._write(APPEND if usage is None else _APPEND_USED,
                                                             *args, *used)]
         fenced = _APPEND_FENCED if usage is None else _APPEND_FENCED_USED
-        rows = await self._write(fenced, *args, fence, *used)
-        if not rows[0]["held"]:
+        written = await self._write(fenced, *args, fence, *used)
+        if not written[0]["held"]:
             raise lease_lost(turn_id, conversation_id, fence)
-        return [row["seq"] for row in rows if row["seq"] is not None]
+        return [row["seq"] for row in written if row["seq"] is not None]
 
     async def list_events(self, conversation_id: str, *, after: int = 0,
                           limit: int = 1000) -> list[EventRecord]:
-        rows = await self._read(
-            "SELECT seq, name, data, created_at FROM events WHERE conversation_id = $1 AND seq > $2"
-            " ORDER BY seq LIMIT $3", conversation_id, after, limit)
-        return [
-            EventRecord(seq=seq, conversation_id=conversation_id, name=name, data=json.loads(data),
-                        created_at=created_at)
-            for seq, name, data, created_at in rows
-        ]
+        found = await self._read(SQL.list_events, conversation_id, after, limit)
+        return rows.events(conversation_id, found)
 
     # a turn's writes, batched
 
@@ -273,22 +240,23 @@ class TurnTables(PostgresBase):
         """The turn, its conversation busy, its first event, and their notices: one statement."""
         name, data = event
         try:
-            rows = await self._write(_BEGIN_TURN, *_turn_values(turn), name, dumps(data), now, self.replica)
+            begun = await self._write(_BEGIN_TURN, *rows.turn_values(turn), name, dumps(data), now,
+                                      self.replica)
         except asyncpg.UniqueViolationError as exc:
             raise _duplicate(exc, turn) from None
-        return rows[0]["seq"]
+        return begun[0]["seq"]
 
     async def end_turn(self, turn_id: str, conversation_id: str, changes: dict[str, Any],
                        event: tuple[str, dict[str, Any]], now: float, *, fence: int | None = None) -> int:
         """The turn's ending, its event, its conversation idle and released, their notices: one statement
         (fenced too: no row back when the fence no longer holds, and nothing written)."""
-        columns, values = _changes(changes)
+        columns, values = rows.turn_changes(changes)
         name, data = event
         args = (turn_id, conversation_id, name, dumps(data), now, self.replica)
         if fence is None:
-            rows = await self._write(_end_turn_sql(columns), *args, *values)
+            ended = await self._write(_end_turn_sql(columns), *args, *values)
         else:
-            rows = await self._write(_end_turn_sql(columns, fenced=True), *args, fence, *values)
-            if not rows:
+            ended = await self._write(_end_turn_sql(columns, fenced=True), *args, fence, *values)
+            if not ended:
                 raise lease_lost(turn_id, conversation_id, fence)
-        return rows[0]["seq"]
+        return ended[0]["seq"]

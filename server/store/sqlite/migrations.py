@@ -10,21 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 
-# A fork made before version 9 holds a copy of its source's transcript (numbered as the source's) up to
-# its fork point, then its own messages: the rows equal to the source's, from 1, become shared, and go.
-# Every fork's point is found before any row goes (a source may itself be a fork with a copy).
-# Written for both stores (`postgres_schema` runs them too).
-SHARE_COPIES = (
-    "UPDATE conversations SET shares_from = forked_from_conversation, shared_upto = COALESCE(("
-    " SELECT MIN(f.seq) FROM messages f WHERE f.conversation_id = conversations.id AND NOT EXISTS ("
-    " SELECT 1 FROM messages s WHERE s.conversation_id = conversations.forked_from_conversation"
-    " AND s.seq = f.seq AND s.turn_id = f.turn_id AND s.body = f.body AND s.created_at = f.created_at"
-    " )) - 1, (SELECT MAX(seq) FROM messages WHERE conversation_id = conversations.id), 0)"
-    " WHERE forked_from_conversation IN (SELECT id FROM conversations)",
-    "UPDATE conversations SET shares_from = NULL WHERE shared_upto = 0",
-    "DELETE FROM messages WHERE conversation_id IN (SELECT id FROM conversations WHERE shared_upto > 0)"
-    " AND seq <= (SELECT shared_upto FROM conversations c WHERE c.id = messages.conversation_id)",
-)
+from ..forks import SHARE_COPIES
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 1: conversations, turns, transcript, events, definitions ever served

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from .schema import SHARE_COPIES
+from ..forks import SHARE_COPIES
 
 # pg_advisory_xact_lock key for migrations: b"corral" read as a number, unlikely to meet anyone else's
 LOCK_KEY = int.from_bytes(b"corral", "big")

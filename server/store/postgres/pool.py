@@ -19,24 +19,17 @@ or starting up), which a running turn retries.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import asyncpg
 
-from ..canonical import thaw
-from ..errors import LeaseLost, StorageError, StoreUnreachable
-from .stats import StoreStats
+from ...errors import LeaseLost, StorageError, StoreUnreachable
+from ..stats import StoreStats
 
 CHANNEL = "corral"  # the LISTEN/NOTIFY channel every replica of one database shares
 NOTICE_LIMIT = 8000  # PostgreSQL's payload limit (bytes); ours hold ids only
-
-
-def dumps(value: Any) -> str:
-    """JSON as the SQLite store writes it: compact, Unicode kept."""
-    return json.dumps(thaw(value), ensure_ascii=False, separators=(",", ":"))
 
 
 def notice_sql(kind: str, **fields: str) -> str:

@@ -1,6 +1,6 @@
-"""PostgreSQL transcripts: reading them, forks that share them, and deleting a conversation forks share from.
+"""PostgreSQL conversations and their transcripts: rows, reads, forks that share them, deletes.
 
-A mixin of `PostgresStore`; how a fork shares its source's rows is `forks`.
+A part of `PostgresStore`; how a fork shares its source's rows is `forks`.
 A read is one statement: the chain (a recursive CTE over a few rows), then
 each link's range through the primary key (`LATERAL`, each at most `limit`
 rows), merged by seq.
@@ -18,16 +18,17 @@ other, and the second sees what the first handed over.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import asyncpg
 
-from ..messages import message_from_json
-from .base import ConversationRecord, MessageRecord
-from .forks import CHAIN_LIMIT, chain_sql, fork_base, heir_place
-from .postgres_pool import PostgresBase, Transaction, dumps
-from .postgres_rows import CONVERSATION_COLUMNS
+from ...messages import Message
+from .. import rows
+from ..forks import CHAIN_LIMIT, chain_sql, fork_base, heir_place
+from ..records import UNSET, ConversationRecord, MessageRecord
+from ..statements import POSTGRES as SQL
+from .journal import append_sql
+from .pool import PostgresBase, Transaction
 
 _READ = (
     "WITH RECURSIVE chain (id, base, upto, upper, depth) AS ("
@@ -48,33 +49,62 @@ _POINT = (
     " FROM conversations c WHERE c.id = $1"
 )
 _KEY_SHARE = "SELECT 1 FROM conversations WHERE id = $1 FOR KEY SHARE"
-_INSERT = (f"INSERT INTO conversations ({CONVERSATION_COLUMNS}, shares_from, shared_upto, message_seq)"
+_INSERT = (f"INSERT INTO conversations ({rows.CONVERSATION_COLUMNS}, shares_from, shared_upto, message_seq)"
            " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)")
 
 
-def _records(conversation_id: str, rows: list[asyncpg.Record]) -> list[MessageRecord]:
-    return [MessageRecord(seq=seq, conversation_id=conversation_id, turn_id=turn_id,
-                          message=message_from_json(json.loads(body)), created_at=created_at)
-            for seq, turn_id, body, created_at in rows]
+_APPEND_MESSAGES = append_sql(False)
 
 
-def _values(c: ConversationRecord) -> tuple[Any, ...]:
-    forked = c.forked_from or {}
-    return (c.id, c.agent, c.agent_name, c.digest, c.pinned, c.title, dumps(c.metadata), c.status,
-            c.created_at, c.updated_at, c.archived, forked.get("conversation_id"), forked.get("turn_id"))
+class ConversationTables(PostgresBase):
+    async def create_conversation(self, conversation: ConversationRecord) -> None:
+        await self._write(SQL.insert_conversation, *rows.conversation_values(conversation), None, 0)
 
+    async def get_conversation(self, conversation_id: str) -> ConversationRecord | None:
+        row = await self._read_row(SQL.get_conversation, conversation_id)
+        return None if row is None else rows.conversation(row)
 
-class TranscriptTables(PostgresBase):
+    async def list_conversations(
+        self, *, agent: str | None = None, digest: str | None = None, status: str | None = None,
+        limit: int = 50, after: str | None = None, archived: bool = False,
+    ) -> list[ConversationRecord]:
+        """Newest first by (created_at, id); `after` is the last id of the previous page."""
+        given = [(column, value) for column, value in (("agent_name", agent), ("digest", digest),
+                                                       ("status", status)) if value is not None]
+        params: list[Any] = [archived, *(value for _, value in given)]
+        keyset = None
+        if after is not None:
+            at = await self._read_row(SQL.conversation_created, after)
+            keyset, params = ("id", [*params, after]) if at is None else ("time", [*params, after, at[0]])
+        sql = SQL.list_conversations(tuple(column for column, _ in given), keyset)
+        return [rows.conversation(row) for row in await self._read(sql, *params, limit)]
+
+    async def update_conversation(self, conversation_id: str, *, title: Any = UNSET, metadata: Any = UNSET,
+                                  archived: Any = UNSET, now: float) -> bool:
+        """Set the fields given (and `updated_at`); whether the conversation exists."""
+        changes = {column: value for column, value in (
+            ("title", title), ("metadata", metadata if metadata is UNSET else rows.dumps(metadata)),
+            ("archived", archived if archived is UNSET else bool(archived))) if value is not UNSET}
+        if not changes:
+            return await self._read_row(SQL.conversation_exists, conversation_id) is not None
+        # names from the tuple above
+        return await self._write_status(SQL.update_conversation(tuple(changes)),
+                                        conversation_id, now, *changes.values()) > 0
+
+    async def append_messages(self, conversation_id: str, turn_id: str, messages: list[Message],
+                              now: float) -> None:
+        """Append to the transcript and touch the conversation's `updated_at` (one statement)."""
+        if messages:
+            bodies = [rows.dumps(m.to_json()) for m in messages]
+            await self._write(_APPEND_MESSAGES, conversation_id, turn_id, bodies, [], [], now, self.replica)
+
     async def list_messages(self, conversation_id: str, *, limit: int = 1000,
                             after: int = 0) -> list[MessageRecord]:
-        return _records(conversation_id, await self._read(_READ, conversation_id, after, limit))
+        return rows.messages(conversation_id, await self._read(_READ, conversation_id, after, limit))
 
     async def turn_messages(self, conversation_id: str, turn_id: str) -> list[MessageRecord]:
         """A turn's messages, oldest first (an index lookup: a turn's rows are its conversation's own)."""
-        rows = await self._read("SELECT seq, turn_id, body, created_at FROM messages"
-                                " WHERE conversation_id = $1 AND turn_id = $2 ORDER BY seq",
-                                conversation_id, turn_id)
-        return _records(conversation_id, rows)
+        return rows.messages(conversation_id, await self._read(SQL.turn_messages, conversation_id, turn_id))
 
     async def fork_conversation(self, source_id: str, new: ConversationRecord,
                                 before_turn_id: str | None) -> bool:
@@ -84,8 +114,7 @@ class TranscriptTables(PostgresBase):
                 return False
             started_at = None
             if before_turn_id is not None:
-                cut = await tx.fetchrow("SELECT started_at FROM turns WHERE id = $1 AND conversation_id = $2",
-                                        before_turn_id, source_id)
+                cut = await tx.fetchrow(SQL.fork_cut, before_turn_id, source_id)
                 if cut is None:
                     return False
                 started_at = cut[0]
@@ -94,7 +123,7 @@ class TranscriptTables(PostgresBase):
             base, upto = fork_base([tuple(row) for row in await tx.fetch(chain_sql("$1"), source_id)], point)
             if base is not None and base != source_id and await tx.fetchrow(_KEY_SHARE, base) is None:
                 base = source_id  # deleted since the chain was read: the source (locked) still reads it
-            await tx.execute(_INSERT, *_values(new), base, upto, point)
+            await tx.execute(_INSERT, *rows.conversation_values(new), base, upto, point)
             return True
 
     async def delete_conversation(self, conversation_id: str) -> bool:
@@ -108,13 +137,10 @@ class TranscriptTables(PostgresBase):
                                    " ORDER BY shared_upto DESC, id FOR NO KEY UPDATE", conversation_id)
             if forks:
                 heir, upto = forks[0]
-                await tx.execute("UPDATE messages SET conversation_id = $1 WHERE conversation_id = $2"
-                                 " AND seq <= $3", heir, conversation_id, upto)
-                await tx.execute("UPDATE conversations SET shares_from = $2, shared_upto = $3 WHERE id = $1",
-                                 heir, *heir_place(me[0], me[1], upto))
-                await tx.execute("UPDATE conversations SET shares_from = $1 WHERE shares_from = $2",
-                                 heir, conversation_id)
-            await tx.execute("DELETE FROM conversations WHERE id = $1", conversation_id)
+                await tx.execute(SQL.hand_rows, heir, conversation_id, upto)
+                await tx.execute(SQL.heir_place, heir, *heir_place(me[0], me[1], upto))
+                await tx.execute(SQL.heir_forks, heir, conversation_id)
+            await tx.execute(SQL.delete_conversation, conversation_id)
             return True
 
 

@@ -1,11 +1,13 @@
-"""PostgreSQL tables for coordination: who holds a conversation, its queue, replicas, shared files.
+"""PostgreSQL tables for coordination: who holds a conversation, its queue and lease, the replicas.
 
-A mixin of `PostgresStore`. Several replicas call these at once, so every
-decision about a conversation is taken under its row lock (`FOR NO KEY
-UPDATE`: it serializes admissions, claims, releases and recoveries of that
-conversation, yet leaves foreign-key checks alone, so a new turn or
-permission request does not wait on it; an append does, briefly, as it moves
-the row's counters). The lock is taken by the first statement of the
+A part of `PostgresStore`. Its statements are its own on purpose (SQLite,
+one process with no notices, decides in plain statements): several replicas
+call these at once, so every decision about a conversation is taken under
+its row lock (`FOR NO KEY UPDATE`: it serializes admissions, claims,
+releases and recoveries of that conversation, yet leaves foreign-key checks
+alone, so a new turn or permission request does not wait on it; an append
+does, briefly, as it moves the row's counters), with its notices in the same
+statement. The lock is taken by the first statement of the
 transaction and the decision by the second: under READ COMMITTED a
 statement sees what committed before it began, so only a statement begun
 after the lock sees everything the previous lock holder did.
@@ -14,7 +16,7 @@ Locks are always taken in one order: conversation rows (by id, when there
 are several), then queue entries (by position), then turns, permissions and
 events; so two replicas never wait on each other in a circle.
 
-Behaviour follows the SQLite store (`sqlite_coordination`) call for call:
+Behaviour follows the SQLite store (`sqlite.coordination`) call for call:
 recovery deletes the queue entry of a holder it clears (one that outlived its
 lease would block the queue), and keeps, now owned by this replica, the entry
 of a turn it takes over. Recovery is BEGIN, the locks, one statement that
@@ -29,15 +31,16 @@ from collections import defaultdict
 
 import asyncpg
 
-from .base import Admitted, Claim, Holder, Recovered, ReplicaRecord, StoredFile
-from .postgres_pool import CHANNEL, PostgresBase, Transaction, dumps, lease_lost, notice_sql
-from .postgres_rows import turn_record
+from .. import rows
+from ..records import Admitted, Claim, Holder, Recovered, ReplicaRecord
+from ..rows import HOLDER_COLUMNS, dumps
+from ..statements import POSTGRES as SQL
+from .pool import CHANNEL, PostgresBase, Transaction, lease_lost, notice_sql
 
 INTERRUPTED = {"code": "interrupted", "message": "the server stopped while this turn was running"}
 POLICIES = ("reject", "enqueue", "interrupt")
 
-_HOLDER = "SELECT holder_turn, holder_replica, fence, lease_until FROM conversations WHERE id = $1"
-_LOCK = _HOLDER + " FOR NO KEY UPDATE"
+_LOCK = f"SELECT {HOLDER_COLUMNS} FROM conversations WHERE id = $1 FOR NO KEY UPDATE"
 
 # $1 conversation, $2 turn, $3 policy, $4 replica, $5 key, $6 request digest, $7 lease, $8 holder's turn
 _ADMIT = (
@@ -178,7 +181,7 @@ class CoordinationTables(PostgresBase):
             raise ValueError(f"unknown busy policy {policy!r}")
         async with self._transaction() as tx:
             held = await tx.fetchrow(_LOCK, conversation_id)
-            holder = _holder(held)
+            holder = rows.holder(held)
             row = await tx.fetchrow(_ADMIT, conversation_id, turn_id, policy, self.replica, key,
                                     request_digest, lease_until, holder.turn_id if holder else None)
         assert row is not None
@@ -206,7 +209,7 @@ class CoordinationTables(PostgresBase):
             raise lease_lost(turn_id, conversation_id, fence)
 
     async def holder(self, conversation_id: str) -> Holder | None:
-        return _holder(await self._read_row(_HOLDER, conversation_id))
+        return rows.holder(await self._read_row(SQL.holder, conversation_id))
 
     async def renew_leases(self, lease_until: float) -> None:
         await self._write(_RENEW, lease_until, self.replica)
@@ -229,10 +232,10 @@ class CoordinationTables(PostgresBase):
         holders = {row["id"]: row["holder_turn"] for row in locked}
         lapsed = {row["id"] for row in locked if self._lapsed(row, now, starting)}
         ids = list(holders)
-        rows = await tx.fetch(_RESUME_OR_FAIL, ids, list(holders.values()), [c in lapsed for c in ids],
-                              dumps(INTERRUPTED), now, max_attempts)
-        turns = sorted(((row["resumed"], turn_record({k: v for k, v in row.items() if k != "resumed"}))
-                        for row in rows), key=lambda r: (r[1].started_at, r[1].id))
+        ended = await tx.fetch(_RESUME_OR_FAIL, ids, list(holders.values()), [c in lapsed for c in ids],
+                               dumps(INTERRUPTED), now, max_attempts)
+        turns = sorted(((row["resumed"], rows.turn({k: v for k, v in row.items() if k != "resumed"}))
+                        for row in ended), key=lambda r: (r[1].started_at, r[1].id))
         resumed = {t.conversation_id for again, t in turns if again}
         cleared = {c: holders[c] for c in lapsed if c not in resumed}
         by_conversation: dict[str, list[str]] = defaultdict(list)
@@ -280,42 +283,10 @@ class CoordinationTables(PostgresBase):
 
     async def heartbeat(self, replica: ReplicaRecord) -> None:
         r = replica
-        await self._write(
-            "INSERT INTO replicas (id, started_at, heartbeat_at, set_digest, running_turns)"
-            " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO UPDATE SET started_at = excluded.started_at,"
-            " heartbeat_at = excluded.heartbeat_at, set_digest = excluded.set_digest,"
-            " running_turns = excluded.running_turns",
-            r.id, r.started_at, r.heartbeat_at, r.set_digest, r.running_turns)
+        await self._write(SQL.heartbeat, r.id, r.started_at, r.heartbeat_at, r.set_digest, r.running_turns)
 
     async def list_replicas(self, since: float) -> list[ReplicaRecord]:
-        # running_turns: the turns each holds now (not its last heartbeat's count, which a dead
-        # replica's row keeps after its turns were taken over)
-        rows = await self._read(
-            "SELECT r.id, r.started_at, r.heartbeat_at, r.set_digest, (SELECT count(*) FROM conversations c"
-            " WHERE c.holder_replica = r.id AND c.holder_turn LIKE 'turn\\_%')::int AS running_turns"
-            " FROM replicas r WHERE r.heartbeat_at >= $1 ORDER BY r.id", since)
-        return [ReplicaRecord(**dict(row)) for row in rows]
+        return [rows.replica(row) for row in await self._read(SQL.list_replicas, since)]
 
     async def remove_replica(self, replica_id: str) -> None:
-        await self._write("DELETE FROM replicas WHERE id = $1", replica_id)
-
-    # files definitions point to
-
-    async def save_files(self, files: list[StoredFile]) -> None:
-        if not files:
-            return
-        await self._write(
-            "INSERT INTO files (digest, data, mode) SELECT * FROM unnest($1::text[], $2::bytea[], $3::int[])"
-            " ON CONFLICT (digest) DO NOTHING",
-            [f.digest for f in files], [f.data for f in files], [f.mode for f in files])
-
-    async def get_file(self, digest: str) -> StoredFile | None:
-        row = await self._read_row("SELECT digest, data, mode FROM files WHERE digest = $1", digest)
-        return None if row is None else StoredFile(digest=row[0], data=bytes(row[1]), mode=row[2])
-
-
-def _holder(row: asyncpg.Record | None) -> Holder | None:
-    if row is None or row["holder_turn"] is None:
-        return None
-    return Holder(turn_id=row["holder_turn"], replica=row["holder_replica"], fence=row["fence"],
-                  lease_until=row["lease_until"])
+        await self._write(SQL.remove_replica, replica_id)
