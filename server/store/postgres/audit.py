@@ -5,6 +5,7 @@ A part of `PostgresStore` (same pool, same rules: one statement per write).
 
 from __future__ import annotations
 
+from ...statuses import PermissionStatus
 from .. import rows
 from ..records import PermissionRecord
 from ..statements import POSTGRES as SQL
@@ -15,7 +16,8 @@ class AuditTables(PostgresBase):
     async def create_permission(self, record: PermissionRecord) -> None:
         await self._write(SQL.create_permission, *rows.permission_values(record))
 
-    async def decide_permission(self, request_id: str, status: str, decided_by: str, now: float) -> bool:
+    async def decide_permission(self, request_id: str, status: PermissionStatus, decided_by: str,
+                                now: float) -> bool:
         """Only a pending request changes (the first decision wins, on whichever replica)."""
         return await self._write_status(SQL.decide_permission, request_id, status, decided_by, now) == 1
 

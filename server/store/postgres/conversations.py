@@ -23,6 +23,7 @@ from typing import Any
 import asyncpg
 
 from ...messages import Message
+from ...statuses import ConversationStatus
 from .. import rows
 from ..forks import CHAIN_LIMIT, chain_sql, fork_base, heir_place
 from ..records import UNSET, ConversationRecord, MessageRecord
@@ -65,7 +66,8 @@ class ConversationTables(PostgresBase):
         return None if row is None else rows.conversation(row)
 
     async def list_conversations(
-        self, *, agent: str | None = None, digest: str | None = None, status: str | None = None,
+        self, *, agent: str | None = None, digest: str | None = None,
+        status: ConversationStatus | None = None,
         limit: int = 50, after: str | None = None, archived: bool = False,
     ) -> list[ConversationRecord]:
         """Newest first by (created_at, id); `after` is the last id of the previous page."""

@@ -31,6 +31,7 @@ import asyncpg
 
 from ...errors import DuplicateIdempotencyKey
 from ...messages import Message
+from ...statuses import ConversationStatus
 from .. import rows
 from ..records import EventRecord, TurnRecord
 from ..rows import TURN_COLUMNS, dumps
@@ -198,7 +199,8 @@ class JournalTables(PostgresBase):
 
     # transcript and events
 
-    async def set_conversation_status(self, conversation_id: str, status: str, now: float) -> None:
+    async def set_conversation_status(self, conversation_id: str, status: ConversationStatus,
+                                      now: float) -> None:
         notice = notice_sql("status", r="$4::text", c="id", st="status")
         await self._write(
             "WITH changed AS (UPDATE conversations SET status = $2, updated_at = $3 WHERE id = $1"

@@ -5,6 +5,7 @@ A part of `SQLiteStore` (same connection, same transaction rules).
 
 from __future__ import annotations
 
+from ...statuses import PermissionStatus
 from .. import rows
 from ..records import PermissionRecord
 from ..statements import SQLITE as SQL
@@ -16,7 +17,8 @@ class AuditTables(Tables):
         with self._write() as db:
             db.execute(SQL.create_permission, rows.permission_values(record))
 
-    async def decide_permission(self, request_id: str, status: str, decided_by: str, now: float) -> bool:
+    async def decide_permission(self, request_id: str, status: PermissionStatus, decided_by: str,
+                                now: float) -> bool:
         with self._write() as db:
             cursor = db.execute(SQL.decide_permission, (request_id, status, decided_by, now))
         return cursor.rowcount == 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...messages import Message
+from ...statuses import ConversationStatus
 from .. import rows
 from ..forks import chain_sql, fork_base, heir_place, segments
 from ..records import UNSET, ConversationRecord, MessageRecord
@@ -34,7 +35,8 @@ class ConversationTables(Tables):
         return None if row is None else rows.conversation(row)
 
     async def list_conversations(
-        self, *, agent: str | None = None, digest: str | None = None, status: str | None = None,
+        self, *, agent: str | None = None, digest: str | None = None,
+        status: ConversationStatus | None = None,
         limit: int = 50, after: str | None = None, archived: bool = False,
     ) -> list[ConversationRecord]:
         """Newest first by (created_at, id); `after` is the last id of the previous page."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...messages import Message
+from ...statuses import ConversationStatus
 from .. import rows
 from ..records import EventRecord, TurnRecord
 from ..statements import SQLITE as SQL
@@ -64,7 +65,8 @@ class JournalTables(Tables):
     async def running_turns(self) -> list[TurnRecord]:
         return [rows.turn(row) for row in self._db.execute(SQL.running_turns)]
 
-    async def set_conversation_status(self, conversation_id: str, status: str, now: float) -> None:
+    async def set_conversation_status(self, conversation_id: str, status: ConversationStatus,
+                                      now: float) -> None:
         with self._write() as db:
             set_status(db, conversation_id, status, now)
 
