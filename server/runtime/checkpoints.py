@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from ..messages import Message, Usage
 from ..store.base import Store, TurnRecord
+from ..tracing import TurnTrace
 
 NEVER_RAN = ("pending", "denied", "expired", "cancelled")  # permission states in which the call did not run
 
@@ -31,6 +32,7 @@ class Checkpoint:
     unknown: frozenset[str]  # ... that may have run, with no result committed
     started_seq: int  # the seq of the turn's `turn.started`: its stream replays from there
     usage: Usage = field(default_factory=Usage)  # what its model requests used, committed with its steps
+    trace: TurnTrace | None = None  # the trace its `turn.started` recorded: every attempt goes on in it
 
 
 async def checkpoint_of(store: Store, turn: TurnRecord) -> Checkpoint:
@@ -41,6 +43,7 @@ async def checkpoint_of(store: Store, turn: TurnRecord) -> Checkpoint:
     started: set[str] = set()
     finished: set[str] = set()
     started_seq = 0
+    trace = None
     after = 0
     while True:
         page = await store.list_events(turn.conversation_id, after=after, limit=1000)
@@ -48,6 +51,7 @@ async def checkpoint_of(store: Store, turn: TurnRecord) -> Checkpoint:
             after = event.seq
             if event.data.get("turn_id") == turn.id and event.name == "turn.started":
                 started_seq = event.seq
+                trace = TurnTrace.of_event(event.data)
                 started.clear()
                 finished.clear()
             elif started_seq and event.name == "tool.started":
@@ -61,7 +65,7 @@ async def checkpoint_of(store: Store, turn: TurnRecord) -> Checkpoint:
     return Checkpoint(history=history, messages=messages, started=frozenset(started),
                       unknown=frozenset(started - finished - held_back), started_seq=started_seq,
                       usage=Usage(int(turn.usage.get("input_tokens") or 0),
-                                  int(turn.usage.get("output_tokens") or 0)))
+                                  int(turn.usage.get("output_tokens") or 0)), trace=trace)
 
 
 async def _history(store: Store, conversation_id: str, before: int | None) -> tuple[Message, ...]:

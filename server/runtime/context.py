@@ -49,12 +49,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .. import tracing
 from ..canonical import thaw
 from ..compiler.definitions import Closure, ContextPolicy, ModelDefinition, ToolDefinition
 from ..errors import RunError
 from ..messages import Message, ToolResultMessage, Usage, UserMessage, repair_history
 from ..providers.base import ModelPort
 from ..store.base import ContextView, EventRecord
+from ..tracing import names
 from .summaries import summarize
 from .tokens import estimate, estimate_messages
 
@@ -456,6 +458,13 @@ class Compaction:
 
     async def run(self, strategy: str, *, kept: int, minimum: int) -> dict[str, Any] | None:
         """Compact and commit; the event's data, or None when there was nothing to compact."""
+        with tracing.span(*names.compaction(strategy)) as span:  # a summary's `chat` span inside
+            data = await self._run(strategy, kept=kept, minimum=minimum)
+            span.outcome("compacted" if data else "unchanged")
+            span.update({f"corral.compaction.{k}": v for k, v in (data or {}).items() if k != "turn_id"})
+            return data
+
+    async def _run(self, strategy: str, *, kept: int, minimum: int) -> dict[str, Any] | None:
         ledger = self.ledger
         cut = self._cut(kept, minimum)
         if cut is None:

@@ -50,6 +50,7 @@ from ..tools.base import ToolContext, ToolOutput, ToolPort, for_call
 from .budgets import Budget, TurnSpend
 from .structured import MAX_REPAIRS as MAX_OUTPUT_REPAIRS
 from .structured import MISSING, OutputProblem, OutputSchema
+from .turn_traces import tool_span
 
 if TYPE_CHECKING:
     from .context import ContextWindow
@@ -323,7 +324,10 @@ async def _tool_call(plan: TurnPlan, guards: _Guards, call: ToolCall,
                                     "arguments": thaw(call.arguments)})
     tool = plan.tools.get(call.name)
     unknown = call.id in plan.unknown and not getattr(tool, "replay_safe", False)
-    output = ToolOutput(UNKNOWN_OUTCOME, is_error=True) if unknown else await _call_tool(plan, guards, call)
+    with tool_span(plan.context, call) as traced:
+        output = (ToolOutput(UNKNOWN_OUTCOME, is_error=True) if unknown
+                  else await _call_tool(plan, guards, call))
+        traced.finished(output, unknown)
     finished = {"tool_call_id": call.id, "name": call.name, "is_error": output.is_error,
                 "content": _clip(output.content)}
     if unknown:

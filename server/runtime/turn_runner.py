@@ -32,6 +32,7 @@ from ..errors import CorralError, LeaseLost, StorageError
 from ..messages import Message, Usage, UserMessage, repair_history
 from ..store.base import ConversationRecord, EventRecord, TurnRecord
 from ..tools.base import ToolContext
+from ..tracing import TurnTrace
 from .active_turn import ActiveTurn, Completed, Ending, Failed, HandOff, ending_of
 from .budgets import Spending
 from .checkpoints import Checkpoint
@@ -39,6 +40,7 @@ from .context import Contexts
 from .loop import Append, Done, Emit, Spent, run_turn
 from .patience import PatientStore
 from .transcripts import Transcripts
+from .turn_traces import attempt_span
 
 if TYPE_CHECKING:
     from ..metrics import Metrics
@@ -77,7 +79,8 @@ class TurnRunner:
         now = time.time()
         ending = ending_of(turn, active.final_outcome(), now)
         await self.store.create_turn(replace(turn, **ending.changes))
-        events = [("turn.started", {"turn_id": turn.id, "digest": turn.digest, "agent": turn.agent}),
+        events = [("turn.started", {"turn_id": turn.id, "digest": turn.digest, "agent": turn.agent,
+                                    **TurnTrace.begin().fields()}),
                   (ending.event, ending.data)]
         seqs = await self.store.append(turn.conversation_id, turn.id, [], events, now)
         self.publish(turn.conversation_id, list(zip(seqs, events, strict=True)), now)
@@ -107,19 +110,23 @@ class TurnRunner:
         turn = active.record
         if resumed is None:
             now = time.time()
-            started = ("turn.started", {"turn_id": turn.id, "digest": turn.digest, "agent": turn.agent})
+            trace = TurnTrace.begin()  # the request's trace, if it named one; kept for every attempt
+            started = ("turn.started", {"turn_id": turn.id, "digest": turn.digest, "agent": turn.agent,
+                                        **trace.fields()})
             seq = await self.store.begin_turn(turn, started, now)
             self.publish_status(conversation.id, "busy")
             self.publish(conversation.id, [(seq, started)], now)
             active.begin(seq)
         else:
+            trace = resumed.trace or TurnTrace.begin()
             active.begin(resumed.started_seq)
             assert active.messages is not None
             active.messages.extend(resumed.messages)
         self.metrics.busy.inc(amount=1)
         task_status.started()
         # errors are settled inside the task group, which would wrap them in an exception group
-        async with anyio.create_task_group() as flushes:
+        async with attempt_span(trace, active, self.runtime.secrets.redactor), \
+                anyio.create_task_group() as flushes:
             journal = Journal(self, conversation.id, active, flushes)
             try:
                 await self._run(conversation, closure, active, journal, resumed)

@@ -1,0 +1,126 @@
+"""A turn's steps and trace id, read from what the turn already committed (§13).
+
+No step is written anywhere: the turn's events (`turn.started` with its
+`trace_id`, `turn.resumed`, `tool.started`/`tool.finished`,
+`context.compacted`, `message.steered`), its messages (each assistant
+message ends a model step) and its permission requests (asked, answered)
+are read back and laid out as `[{"kind", "name", "started_at", "ended_at",
+"attempt", "outcome", "usage"?}]`, oldest first, whether or not any trace is
+exported. A step begins where the one before it ended (the turn's start, a
+tool's result, a compaction): a model step from then to its message, a
+compaction likewise. A turn that ran one model step has that step's usage
+(the turn's); the usage of each step of a longer turn is not committed apart.
+Hooks run inside the step they guard and commit nothing of their own: they
+are spans (`tracing`), not steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..clock import iso
+from ..messages import AssistantMessage
+from ..store.base import EventRecord, MessageRecord, PermissionRecord, Store, TurnRecord
+from .active_turn import TERMINAL_EVENTS
+
+PAGE = 1000
+BOUNDARIES = ("turn.started", "turn.resumed", "tool.finished", "message.steered", "context.compacted")
+
+
+@dataclass
+class _Timeline:
+    turn: TurnRecord
+    attempt: int = 1
+    since: float = 0.0  # where the next step begins
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    open_tools: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def step(self, kind: str, name: str, started: float, ended: float | None, outcome: str,
+             attempt: int | None = None) -> dict[str, Any]:
+        step = {"kind": kind, "name": name, "started_at": iso(started),
+                "ended_at": None if ended is None else iso(ended), "attempt": attempt or self.attempt,
+                "outcome": outcome}
+        self.steps.append(step)
+        return step
+
+    def event(self, event: EventRecord) -> None:
+        data, at = event.data, event.created_at
+        if event.name == "turn.resumed":
+            self.attempt = int(data.get("attempt") or self.attempt + 1)
+        elif event.name == "tool.started":
+            self.open_tools[str(data.get("tool_call_id"))] = self.step(
+                "tool", str(data.get("name")), at, None, "running" if self.running else "unfinished")
+        elif event.name == "tool.finished":
+            self._finished(data, at)
+        elif event.name == "context.compacted" and data.get("turn_id") == self.turn.id:
+            self.step("compaction", str(data.get("strategy")), self.since, at, "ok")
+        if event.name in BOUNDARIES:
+            self.since = at
+
+    def _finished(self, data: dict[str, Any], at: float) -> None:
+        step = self.open_tools.pop(str(data.get("tool_call_id")), None)
+        if step is None:  # started on an attempt whose start was committed before this reader's page
+            step = self.step("tool", str(data.get("name")), self.since, None, "")
+        step["ended_at"] = iso(at)
+        step["outcome"] = data.get("outcome") or ("error" if data.get("is_error") else "ok")
+
+    def model(self, message: MessageRecord) -> None:
+        self.step("model", self.turn.agent, self.since, message.created_at, "ok")
+        self.since = message.created_at
+
+    @property
+    def running(self) -> bool:
+        return self.turn.ended_at is None
+
+
+async def steps_of(store: Store, turn: TurnRecord) -> dict[str, Any]:
+    """`{"trace_id", "steps"}` of `turn`, from its events, messages and permission requests."""
+    events = await _events(store, turn)
+    started = next((e for e in events if e.name == "turn.started"), None)
+    timeline = _Timeline(turn, since=started.created_at if started else turn.started_at)
+    replies = [m for m in await store.turn_messages(turn.conversation_id, turn.id)
+               if isinstance(m.message, AssistantMessage)]
+    # in commit order: a step's message commits with (or before) the events that follow it
+    for item in sorted([*events, *replies], key=lambda r: (r.created_at, isinstance(r, EventRecord))):
+        if isinstance(item, EventRecord):
+            timeline.event(item)
+        else:
+            timeline.model(item)
+    permissions = [p for p in await store.list_permissions(turn.conversation_id) if p.turn_id == turn.id]
+    steps = timeline.steps + [_permission(p, events) for p in permissions]
+    steps.sort(key=lambda s: s["started_at"])
+    if len([s for s in steps if s["kind"] == "model"]) == 1 and turn.usage:
+        next(s for s in steps if s["kind"] == "model")["usage"] = dict(turn.usage)
+    trace_id = started.data.get("trace_id") if started else None
+    return {"trace_id": trace_id if isinstance(trace_id, str) else None, "steps": steps}
+
+
+def _permission(p: PermissionRecord, events: list[EventRecord]) -> dict[str, Any]:
+    attempt = 1
+    for event in events:
+        if event.name == "turn.resumed" and event.created_at <= p.requested_at:
+            attempt = int(event.data.get("attempt") or attempt + 1)
+    return {"kind": "permission", "name": p.tool, "started_at": iso(p.requested_at),
+            "ended_at": None if p.decided_at is None else iso(p.decided_at), "attempt": attempt,
+            "outcome": p.status}
+
+
+async def _events(store: Store, turn: TurnRecord) -> list[EventRecord]:
+    """The conversation's events from `turn`'s `turn.started` to its ending (its turns run one at a
+    time: what lies between is the turn's)."""
+    out: list[EventRecord] = []
+    after, inside = 0, False
+    while True:
+        page = await store.list_events(turn.conversation_id, after=after, limit=PAGE)
+        for event in page:
+            after = event.seq
+            mine = event.data.get("turn_id") == turn.id
+            if event.name == "turn.started" and mine:
+                inside = True
+            if inside:
+                out.append(event)
+                if event.name in TERMINAL_EVENTS and mine:
+                    return out
+        if len(page) < PAGE:
+            return out
