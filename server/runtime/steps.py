@@ -8,7 +8,9 @@ are read back and laid out as `[{"kind", "name", "started_at", "ended_at",
 "attempt", "outcome", "usage"?}]`, oldest first, whether or not any trace is
 exported. A step begins where the one before it ended (the turn's start, a
 tool's result, a compaction): a model step from then to its message, a
-compaction likewise. A turn that ran one model step has that step's usage
+compaction likewise. A tool call cut off by a crash is `interrupted` in its
+attempt, and the next attempt's run of it (if its tool is safe to run
+again) is a step of that attempt. A turn that ran one model step has that step's usage
 (the turn's); the usage of each step of a longer turn is not committed apart.
 Hooks run inside the step they guard and commit nothing of their own: they
 are spans (`tracing`), not steps.
@@ -48,6 +50,9 @@ class _Timeline:
         data, at = event.data, event.created_at
         if event.name == "turn.resumed":
             self.attempt = int(data.get("attempt") or self.attempt + 1)
+            for step in self.open_tools.values():  # cut off with its attempt; the next one may run it again
+                step.update(ended_at=iso(at), outcome="interrupted")
+            self.open_tools.clear()
         elif event.name == "tool.started":
             self.open_tools[str(data.get("tool_call_id"))] = self.step(
                 "tool", str(data.get("name")), at, None, "running" if self.running else "unfinished")
@@ -60,7 +65,7 @@ class _Timeline:
 
     def _finished(self, data: dict[str, Any], at: float) -> None:
         step = self.open_tools.pop(str(data.get("tool_call_id")), None)
-        if step is None:  # started on an attempt whose start was committed before this reader's page
+        if step is None:  # started by an earlier attempt: this attempt's run of it began as it resumed
             step = self.step("tool", str(data.get("name")), self.since, None, "")
         step["ended_at"] = iso(at)
         step["outcome"] = data.get("outcome") or ("error" if data.get("is_error") else "ok")
