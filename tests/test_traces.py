@@ -9,8 +9,10 @@ once, so a retry is a `chat` span of its own. Every wait is on a condition, boun
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +20,9 @@ from typing import Any
 
 import anyio
 import httpx
+import mcp.types as types
 import pytest
+from mcp import Client
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
@@ -259,3 +263,47 @@ def test_the_receiver_decodes_what_the_sdk_exports() -> None:
     assert (span.name, span.attributes) == ("outer", {"n": 1, "l": ("a", "b")})
     assert receiver.paths == ["/v1/traces"]
     assert os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") is None  # the tests' own process exports nothing
+
+
+def mcp_definitions(root: Path) -> Path:
+    fixture = json.dumps([str(Path(__file__).parent / "mcp_fixture_server.py")])
+    return write_tree(root, {
+        "mcp.yaml": f"""
+            kind: MCPServer
+            name: fixture
+            command: {sys.executable}
+            args: {fixture}
+            timeout_s: 20
+            ---
+            kind: Model
+            name: offline
+            provider: scripted
+            script:
+              - when: "^where"
+                tool_call: {{ name: fixture__traceparent }}
+                reply: "{{tool_result}}"
+            ---
+            kind: Agent
+            name: asker
+            description: Asks the fixture MCP server what trace its call was in.
+            model: offline
+            tools: [fixture/traceparent]
+        """,
+    })
+
+
+async def test_mcp_carries_the_trace_in_and_out_in_meta(tmp_path: Path) -> None:
+    with OtlpReceiver() as receiver, ServerProcess(mcp_definitions(tmp_path / "defs"), tmp_path / "state",
+                                                   env=env(receiver)) as server:
+        with anyio.fail_after(60):
+            async with Client(server.url + "/mcp") as client:
+                meta = {"traceparent": TRACEPARENT}
+                result = await client.call_tool("asker", {"message": "where"}, meta=meta)
+        spans = receiver.wait(lambda got: len(by_name(got, "invoke_agent asker")) == 1)
+    assert not result.is_error, result
+    [agent] = by_name(spans, "invoke_agent asker")
+    [tool] = by_name(spans, "execute_tool fixture__traceparent")
+    assert (agent.trace_id, agent.parent_span_id) == (INBOUND_TRACE, INBOUND_SPAN)  # in: `_meta` of the call
+    assert tool.parent_span_id == agent.span_id
+    seen = "".join(c.text for c in result.content if isinstance(c, types.TextContent))
+    assert traceparent_of(seen) == (INBOUND_TRACE, tool.span_id)  # out: the `_meta` of Corral's MCP call
