@@ -1,6 +1,7 @@
 """The console as a debugger (§11), in a real headless Chromium against a real Corral on loopback:
 a turn's timeline (model requests, the tool call, the permission wait), the permission answered
-beside the tool call that waits on it, the context meter, and rename, fork and archive.
+beside the tool call that waits on it, the link to the turn's trace in the user's tracing UI
+(CORRAL_TRACE_URL), the context meter, and rename, fork and archive.
 
 The screenshot of the turn (a tool call held by a permission wait, then answered) lands in the
 test's tmp dir, and in docs/console-timeline.png when that is missing or CORRAL_UPDATE_SCREENSHOT=1.
@@ -23,6 +24,7 @@ from tests.support.servers import REPO, corral_server
 from tests.support.trees import write_tree
 
 pytestmark = pytest.mark.anyio
+TRACE_UI = "http://127.0.0.1:16686/trace/{trace_id}"  # CORRAL_TRACE_URL: never requested by the test
 SCRIPT = [{"when": "^run (?P<target>\\w+)",
            "tool_call": {"name": "deploy", "arguments": {"target": "{target}"}},
            "reply": "deploy says: {tool_result}"}]
@@ -46,7 +48,7 @@ async def test_a_turns_timeline_its_permission_and_the_conversation_controls(tmp
     from playwright.async_api import expect
 
     defs = definitions(tmp_path / "defs")
-    with corral_server(defs, tmp_path / "state") as url:
+    with corral_server(defs, tmp_path / "state", trace_url=TRACE_UI) as url:
         async with chromium(tmp_path) as browser:
             page = await browser.new_page()
             seen = Watch(page)
@@ -70,6 +72,13 @@ async def test_a_turns_timeline_its_permission_and_the_conversation_controls(tmp
                 assert kinds == ["model", "tool", "waited", "model"], kinds
                 await expect(rows.nth(1)).to_contain_text("deploy")
                 await expect(rows.nth(2)).not_to_contain_text("pending")
+                async with httpx.AsyncClient(base_url=url, timeout=10, trust_env=False) as client:
+                    conversation = page.url.rsplit("/", 1)[1]
+                    [turn] = (await client.get(f"/v1/conversations/{conversation}/turns")).json()["items"]
+                    trace_id = (await client.get(f"/v1/conversations/{conversation}/turns/{turn['id']}")
+                                ).json()["trace_id"]
+                link = timeline.get_by_role("link", name="Open trace")  # in the user's tracing UI
+                await expect(link).to_have_attribute("href", TRACE_UI.replace("{trace_id}", trace_id))
                 meter = page.get_by_label("Context used")
                 await expect(meter).to_be_visible()
                 used = re.compile(r"^[1-9]\d* of 8,000 tokens")

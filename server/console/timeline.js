@@ -6,6 +6,16 @@ import { badge, fill, h } from "./dom.js";
 
 const KINDS = { model: "model", tool: "tool", hook: "hook", permission: "waited", compaction: "compacted" };
 const OK = new Set(["ok", "allowed", "completed"]);
+// CORRAL_TRACE_URL: where the user's tracing UI shows a trace (`{trace_id}` filled in), if set
+const TRACE_URL = document.querySelector('meta[name="corral-trace-url"]')?.content || "";
+
+function traceLink(traceId) {
+  if (!traceId) return null;
+  const code = h("code.trace", { title: `trace ${traceId}` }, traceId.slice(0, 12));
+  if (!TRACE_URL.includes("{trace_id}")) return code;
+  return h("a.trace-link", { href: TRACE_URL.replaceAll("{trace_id}", traceId), target: "_blank",
+    rel: "noopener noreferrer" }, "Open trace ", code);
+}
 
 function at(iso, fallback) { return iso ? Date.parse(iso) : fallback; }
 
@@ -49,7 +59,7 @@ export function timeline(turn) {
       h("span.muted", {}, `${steps.length} steps · ${duration(last - t0)}`),
       usage ? h("span.muted", {}, ` · ${usage.input_tokens} in · ${usage.output_tokens} out`) : null,
       turn.attempts > 1 ? h("span.tag", {}, `${turn.attempts} attempts`) : null,
-      turn.trace_id ? h("code.trace", { title: `trace ${turn.trace_id}` }, turn.trace_id.slice(0, 12)) : null),
+      traceLink(turn.trace_id)),
     h("ol.steps-timeline", {}, steps.map((s) => row(s, t0, span, now))));
 }
 
