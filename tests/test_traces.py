@@ -227,9 +227,13 @@ async def test_content_is_in_spans_only_on_the_opt_in_and_redacted(rig: Rig) -> 
     assert tool.attributes["gen_ai.tool.call.arguments"] == "{}"
 
 
-async def test_nothing_is_sent_without_the_variables_and_the_trace_still_propagates(rig: Rig) -> None:
+@pytest.mark.parametrize("variables", ["none", "disabled"])
+async def test_nothing_is_sent_without_the_variables_and_the_trace_still_propagates(rig: Rig,
+                                                                                    variables: str) -> None:
     rig.fake.script(*WORK)
-    with rig.server() as server:  # the receiver runs, but nothing names it
+    # the receiver runs, but nothing names it; or the SDK's own switch turns exporting off
+    extra = env(rig.receiver, OTEL_SDK_DISABLED="true") if variables == "disabled" else {}
+    with rig.server(**extra) as server:
         async with httpx.AsyncClient(base_url=server.url, timeout=30, trust_env=False) as client:
             conversation = await Conversation.create(client, "traced")
             said = await conversation.say("work", bound=30)

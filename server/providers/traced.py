@@ -63,10 +63,12 @@ class _Reply:
         self.text: list[str] = []
         self.calls: list = []
         self.input = self.output = 0
+        self.counted = False  # the provider reported usage
         self.finish: str | None = None
 
     def add(self, chunk: ModelChunk, span: tracing.Span) -> None:
         if isinstance(chunk, UsageChunk):
+            self.counted = True
             self.input += chunk.usage.input_tokens
             self.output += chunk.usage.output_tokens
         elif isinstance(chunk, Finish):
@@ -77,8 +79,9 @@ class _Reply:
             self.calls.append(chunk.call)
 
     def close(self, span: tracing.Span) -> None:
-        span.set("gen_ai.usage.input_tokens", self.input)
-        span.set("gen_ai.usage.output_tokens", self.output)
+        if self.counted:
+            span.set("gen_ai.usage.input_tokens", self.input)
+            span.set("gen_ai.usage.output_tokens", self.output)
         if self.finish is not None:
             span.set("gen_ai.response.finish_reasons", (self.finish,))
             if content.capture_content() and span.recording:

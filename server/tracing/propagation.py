@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from opentelemetry import context
+from opentelemetry import context, trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 W3C = TraceContextTextMapPropagator()
@@ -55,8 +55,6 @@ def extract(values: Mapping[str, Any]) -> Any:
     if "traceparent" not in found:
         return None
     extracted = W3C.extract(found)
-    from opentelemetry import trace
-
     return extracted if trace.get_current_span(extracted).get_span_context().is_valid else None
 
 
