@@ -55,7 +55,9 @@ async def test_a_turns_timeline_its_permission_and_the_conversation_controls(tmp
             with anyio.fail_after(60):
                 await page.goto(url + "/console")
                 await page.get_by_role("link", name="New chat").click()
-                await page.get_by_label("Agent reference").fill("careful")
+                picker = page.get_by_role("group", name="Pick an agent")
+                await picker.get_by_role("button", name="careful").click()  # picked, not typed
+                await expect(page.get_by_label("Agent reference")).to_have_value("careful")
                 await page.get_by_label("Message").fill("run prod")
                 await page.get_by_role("button", name="Send").click()
                 transcript = page.get_by_role("list", name="Transcript")

@@ -111,8 +111,11 @@ export function newChatView(main, ref) {
       location.hash = `#/conversation/${created.id}`;
       scheduleReload();
       await send(created.id, content);
-    }, [h("label", { for: "agent-ref" }, "Agent reference"), agent,
-      h("datalist", { id: "agent-refs" }, refs.map((r) => h("option", { value: r })))])));
+    }, [h("div.pick", { role: "group", "aria-label": "Pick an agent" }, state.agents.map((a) =>
+      h("button.small", { type: "button", title: a.description || a.name,
+        onclick: () => { agent.value = a.name; document.getElementById("message").focus(); } }, a.name))),
+    h("label", { for: "agent-ref" }, "Agent reference"), agent,
+    h("datalist", { id: "agent-refs" }, refs.map((r) => h("option", { value: r })))])));
   document.getElementById("message").focus();
 }
 
