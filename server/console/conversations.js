@@ -143,7 +143,8 @@ export async function conversationView(main, id, signal) {
       h("div", {}, heading,
         h("p.meta", {}, h("code.mono", { title: "Conversation id" }, conv.id), " · ",
           h("a", { href: `#/agent/${encodeURIComponent(conv.agent)}` }, conv.agent),
-          conv.pinned ? h("span.tag", {}, "pinned") : null, " · ", statusBox, " · ", meter)),
+          conv.pinned ? h("span.tag", {}, "pinned") : null, " · ", statusBox),
+        h("p.meta", {}, h("span", {}, "Context"), meter)),
       h("div.head-actions", {}, conversationActions(conv, meter, changed), interrupt)),
     transcript,
     composer((content) => send(id, content))));

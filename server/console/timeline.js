@@ -63,9 +63,26 @@ export function timeline(turn) {
     h("ol.steps-timeline", {}, steps.map((s) => row(s, t0, span, now))));
 }
 
-/** Read the turn and show its timeline in `holder` (a failed read leaves the holder as it was). */
-export async function loadTimeline(conversationId, turnId, holder) {
+async function read(conversationId, turnId, holder) {
   try {
     fill(holder, timeline(await api(path("/v1/conversations/{}/turns/{}", conversationId, turnId))));
   } catch { /* the turn is gone (its conversation deleted): nothing to show */ }
+}
+
+// A long transcript replays every turn's events at once: each timeline is read when its turn is
+// on screen, not all of them as the page opens.
+const visible = new IntersectionObserver((entries) => {
+  for (const entry of entries) {
+    if (!entry.isIntersecting) continue;
+    visible.unobserve(entry.target);
+    entry.target.load?.();
+  }
+}, { rootMargin: "200px" });
+
+/** Show the turn's timeline in `holder`, read now if it is on screen, else once it scrolls into view
+ *  (a failed read leaves the holder as it was). */
+export function loadTimeline(conversationId, turnId, holder) {
+  holder.load = () => read(conversationId, turnId, holder);
+  visible.unobserve(holder);
+  visible.observe(holder);
 }
