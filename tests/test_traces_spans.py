@@ -1,6 +1,6 @@
 """The spans inside a turn beyond model requests and tools (§13): hooks, a permission wait, a
-sub-agent's turn under its tool call, and a swap, exported by a real `corral serve` to a real OTLP
-receiver; and the steps `GET …/turns/{turn_id}` shows of the turn that waited, with no exporter.
+sub-agent's turn under its tool call, a compaction and a swap, exported by a real `corral serve` to
+a real OTLP receiver; and the steps `GET …/turns/{turn_id}` shows of the turn that waited, with no exporter.
 
 Agent `boss` (scripted) delegates to the sub-agent `helper`, or calls `careful`, a tool that asks a
 person first; its `pre_tool_use` hook `note` writes the `TRACEPARENT` it was run with to a file.
@@ -30,6 +30,7 @@ def definitions(root: Path, noted: Path) -> Path:
             kind: Model
             name: offline
             provider: scripted
+            context_window: 100000
             script:
               - when: "^delegate"
                 tool_call: {{ name: helper, arguments: {{ message: "inner" }} }}
@@ -61,6 +62,7 @@ def definitions(root: Path, noted: Path) -> Path:
             tools: [careful]
             agents: [helper]
             hooks: [note]
+            context: {{ strategy: truncate, keep_recent_turns: 1 }}
         """,
     })
 
@@ -92,6 +94,8 @@ async def test_hooks_permission_waits_sub_agents_and_swaps_are_spans(tmp_path: P
             with anyio.fail_after(60):
                 assert (await conversation.say("delegate"))["output"] == "helper said: echo: inner"
                 await risky_turn(client, conversation)
+                compacted = (await client.post(f"{conversation.path}/compact")).json()
+                assert compacted["compacted"] is True, compacted
                 (defs / "more.yaml").write_text("kind: Agent\nname: extra\nmodel: offline\n")
                 swapped = (await client.post("/v1/definitions/reload")).json()
             assert swapped["status"] == "applied"
@@ -120,6 +124,12 @@ async def test_hooks_permission_waits_sub_agents_and_swaps_are_spans(tmp_path: P
     waited = one(spans, "permission careful")
     assert ids[waited.parent_span_id].name == "execute_tool careful"
     assert waited.attributes["corral.outcome"] == "allowed"
+    # a compaction asked for (no turn runs it): the first turn's tool result cut
+    compaction = one(spans, "compaction truncate")
+    assert compaction.attributes | {"corral.compaction.source": "-"} == {
+        "corral.compaction.strategy": "truncate", "corral.outcome": "compacted",
+        "corral.compaction.before": compacted["before"], "corral.compaction.after": compacted["after"],
+        "corral.compaction.messages": compacted["messages"], "corral.compaction.source": "-"}
     # the swap, a span of its own
     swap = one(spans, "corral.swap")
     assert swap.attributes == {"corral.swap.trigger": "api", "corral.swap.status": "applied",
