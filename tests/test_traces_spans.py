@@ -1,6 +1,7 @@
 """The spans inside a turn beyond model requests and tools (§13): hooks, a permission wait, a
 sub-agent's turn under its tool call, a compaction and a swap, exported by a real `corral serve` to
-a real OTLP receiver; and the steps `GET …/turns/{turn_id}` shows of the turn that waited, with no exporter.
+a real OTLP receiver; and the steps `GET …/turns/{turn_id}` shows of the turn that waited (its
+hook among them), with no exporter.
 
 Agent `boss` (scripted) delegates to the sub-agent `helper`, or calls `careful`, a tool that asks a
 person first; its `pre_tool_use` hook `note` writes the `TRACEPARENT` it was run with to a file.
@@ -147,8 +148,10 @@ async def test_a_turns_steps_without_any_exporter(tmp_path: Path) -> None:
                 turn = await risky_turn(client, conversation)
     steps = turn["steps"]
     assert [(s["kind"], s["name"], s["attempt"], s["outcome"]) for s in steps] == [
-        ("model", "boss", 1, "ok"), ("tool", "careful", 1, "ok"), ("permission", "careful", 1, "allowed"),
-        ("model", "boss", 1, "ok")]
+        ("model", "boss", 1, "ok"), ("tool", "careful", 1, "ok"), ("hook", "note", 1, "allow"),
+        ("permission", "careful", 1, "allowed"), ("model", "boss", 1, "ok")]
     assert all(s["started_at"] <= s["ended_at"] for s in steps)
-    assert steps[1]["started_at"] <= steps[2]["started_at"] <= steps[2]["ended_at"] <= steps[1]["ended_at"]
+    tool, hook, wait = steps[1:4]  # the hook, then the wait, inside the tool call
+    assert tool["started_at"] <= hook["started_at"] <= hook["ended_at"] <= wait["started_at"]
+    assert wait["ended_at"] <= tool["ended_at"]
     assert len(turn["trace_id"]) == 32

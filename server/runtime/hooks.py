@@ -66,6 +66,7 @@ from ..tools.confinement import NO_REDACTION, Redactor, child_environment
 from ..tools.processes import StartFailed, run_process
 from ..tracing import names
 from .hook_protocol import Answer, HookFailed, Verdict, blocked, combine, read_output
+from .turn_traces import note_hook
 
 __all__ = ["EVENT_NAMES", "Hooks", "Transcript", "Verdict"]
 
@@ -191,8 +192,10 @@ class Hooks:
 
         async def one(index: int, hook: HookDefinition) -> None:
             with tracing.span(*names.hook(hook.name, event, "command" if hook.command else "http")) as span:
+                started = time.time()
                 answers[index] = await self._run_one(hook, event, body, execution_key)
                 span.outcome(answers[index].verdict.decision)
+                note_hook(hook.name, event, started, time.time(), answers[index].verdict.decision)
 
         async with anyio.create_task_group() as group:
             for index, hook in enumerate(hooks):

@@ -330,6 +330,8 @@ async def _tool_call(plan: TurnPlan, guards: _Guards, call: ToolCall,
         traced.finished(output, unknown)
     finished = {"tool_call_id": call.id, "name": call.name, "is_error": output.is_error,
                 "content": _clip(output.content)}
+    if traced.hooks:  # the hooks that ran for it: the turn's steps read them from here
+        finished["hooks"] = traced.hooks
     if unknown:
         finished["outcome"] = "unknown"
     yield Emit("tool.finished", finished)

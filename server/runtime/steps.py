@@ -12,8 +12,9 @@ compaction likewise. A tool call cut off by a crash is `interrupted` in its
 attempt, and the next attempt's run of it (if its tool is safe to run
 again) is a step of that attempt. A turn that ran one model step has that step's usage
 (the turn's); the usage of each step of a longer turn is not committed apart.
-Hooks run inside the step they guard and commit nothing of their own: they
-are spans (`tracing`), not steps.
+The hooks that ran inside a tool call are listed in its `tool.finished`
+(`hooks`), and are steps from there; the turn's other hooks (session_start,
+user_prompt_submit, stop) commit nothing of their own and are spans only.
 """
 
 from __future__ import annotations
@@ -69,6 +70,11 @@ class _Timeline:
             step = self.step("tool", str(data.get("name")), self.since, None, "")
         step["ended_at"] = iso(at)
         step["outcome"] = data.get("outcome") or ("error" if data.get("is_error") else "ok")
+        for run in data.get("hooks") or ():  # the hooks that ran inside the call
+            if isinstance(run, dict):
+                self.steps.append({"kind": "hook", "name": str(run.get("name")), "attempt": self.attempt,
+                                   "started_at": run.get("started_at"), "ended_at": run.get("ended_at"),
+                                   "outcome": str(run.get("outcome"))})
 
     def model(self, message: MessageRecord) -> None:
         self.step("model", self.turn.agent, self.since, message.created_at, "ok")

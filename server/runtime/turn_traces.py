@@ -2,15 +2,20 @@
 
 The call sites stay one line each (`async with attempt_span(...)`, `with tool_span(...)`); what
 a span carries and how an outcome reads is decided here, from the run stage's own values.
+
+The hooks that run inside a tool call are also noted (`note_hook`) for its `tool.finished` event
+(`ToolSpan.hooks`), so a turn's steps show them from what it commits anyway (`steps`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from .. import tracing
+from ..clock import iso
 from ..messages import ToolCall
 from ..tools.base import ToolContext, ToolOutput, for_call
 from ..tracing import content, names
@@ -41,9 +46,21 @@ def attempt_span(trace: tracing.TurnTrace, active: ActiveTurn, redactor: Redacto
     return tracing.attempt(trace, name, attributes, outcome=lambda: outcome_of(active), redact=redactor.text)
 
 
+_hook_runs: ContextVar[list[dict[str, Any]] | None] = ContextVar("corral_hook_runs", default=None)
+
+
+def note_hook(name: str, event: str, started: float, ended: float, outcome: str) -> None:
+    """A hook ran (inside a tool call: its `tool.finished` lists it)."""
+    runs = _hook_runs.get()
+    if runs is not None:
+        runs.append({"name": name, "event": event, "started_at": iso(started), "ended_at": iso(ended),
+                     "outcome": outcome})
+
+
 class ToolSpan:
-    def __init__(self, span: tracing.Span):
+    def __init__(self, span: tracing.Span, hooks: list[dict[str, Any]]):
         self.span = span
+        self.hooks = hooks  # the hooks that ran for this call, as `tool.finished` lists them
 
     def finished(self, output: ToolOutput, unknown: bool) -> None:
         self.span.outcome("unknown" if unknown else "error" if output.is_error else "ok")
@@ -56,14 +73,19 @@ class ToolSpan:
 @contextmanager
 def tool_span(ctx: ToolContext, call: ToolCall) -> Iterator[ToolSpan]:
     """The `execute_tool` span of one call: its hooks, permission wait and the tool itself inside."""
-    if not tracing.enabled():
-        yield ToolSpan(tracing.spans.NOOP)
-        return
-    key = for_call(ctx, call.id).execution_key
-    with tracing.span(*names.execute_tool(call.name, call.id, "function", key)) as span:
-        if content.capture_content() and span.recording:
-            span.set("gen_ai.tool.call.arguments", content.value(call.to_json()["arguments"]))
-        yield ToolSpan(span)
+    hooks: list[dict[str, Any]] = []
+    token = _hook_runs.set(hooks)
+    try:
+        if not tracing.enabled():
+            yield ToolSpan(tracing.spans.NOOP, hooks)
+            return
+        key = for_call(ctx, call.id).execution_key
+        with tracing.span(*names.execute_tool(call.name, call.id, "function", key)) as span:
+            if content.capture_content() and span.recording:
+                span.set("gen_ai.tool.call.arguments", content.value(call.to_json()["arguments"]))
+            yield ToolSpan(span, hooks)
+    finally:
+        _hook_runs.reset(token)
 
 
 def sub_agent_span(name: str, digest: str, ctx: ToolContext) -> Any:
