@@ -152,6 +152,11 @@ async def test_a_turn_with_tools_is_a_span_tree_in_the_callers_trace(rig: Rig) -
     digest = conversation.created["digest"]
     assert (agent.trace_id, agent.parent_span_id) == (INBOUND_TRACE, INBOUND_SPAN)  # the caller's child
     assert result["trace_id"] == INBOUND_TRACE
+    # its steps, from what it committed: each model step with the tokens its request used
+    assert [(s["kind"], s["name"], s.get("usage")) for s in result["steps"]] == [
+        ("model", "traced", {"input_tokens": 12, "output_tokens": 7}), ("tool", "whereami", None),
+        ("tool", "fetch", None), ("model", "traced", {"input_tokens": 12, "output_tokens": 7})]
+    assert result["usage"] == {"input_tokens": 24, "output_tokens": 14}
     assert agent.resource["service.name"] == "corral"
     assert agent.attributes == {
         "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "traced",

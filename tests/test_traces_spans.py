@@ -151,6 +151,8 @@ async def test_a_turns_steps_without_any_exporter(tmp_path: Path) -> None:
         ("model", "boss", 1, "ok"), ("tool", "careful", 1, "ok"), ("hook", "note", 1, "allow"),
         ("permission", "careful", 1, "allowed"), ("model", "boss", 1, "ok")]
     assert all(s["started_at"] <= s["ended_at"] for s in steps)
+    first, last = steps[0]["usage"], steps[-1]["usage"]  # what each model request used, the turn's in all
+    assert {k: first[k] + last[k] for k in first} == turn["usage"] and min(first.values()) > 0
     tool, hook, wait = steps[1:4]  # the hook, then the wait, inside the tool call
     assert tool["started_at"] <= hook["started_at"] <= hook["ended_at"] <= wait["started_at"]
     assert wait["ended_at"] <= tool["ended_at"]

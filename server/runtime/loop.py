@@ -252,8 +252,8 @@ async def run_turn(plan: TurnPlan) -> AsyncIterator[LoopEvent]:
             messages.append(follow_up)
             yield Append(follow_up)
             continue
-        for call in calls:
-            async for event in _tool_call(plan, guards, call, messages):
+        for index, call in enumerate(calls):  # the first call says what the step that asked for it used
+            async for event in _tool_call(plan, guards, call, messages, step.usage if index == 0 else None):
                 yield event
     raise RunError(f"the agent did not finish within max_steps={plan.max_steps}", code="max_steps_exceeded")
 
@@ -315,13 +315,16 @@ async def _resume(plan: TurnPlan, guards: _Guards, messages: list[Message]) -> A
                 yield event
 
 
-async def _tool_call(plan: TurnPlan, guards: _Guards, call: ToolCall,
-                     messages: list[Message]) -> AsyncIterator[LoopEvent]:
-    """One call: `tool.started`, the call (or, for an unsafe call a crash cut off, an unknown
+async def _tool_call(plan: TurnPlan, guards: _Guards, call: ToolCall, messages: list[Message],
+                     usage: Usage | None = None) -> AsyncIterator[LoopEvent]:
+    """One call: `tool.started` (with `usage`, what the model step that asked for it used, when
+    given: a turn's steps read it), the call (or, for an unsafe call a crash cut off, an unknown
     outcome), `tool.finished`, and its result in the transcript."""
     if call.id not in plan.started:
-        yield Emit("tool.started", {"tool_call_id": call.id, "name": call.name,
-                                    "arguments": thaw(call.arguments)})
+        started = {"tool_call_id": call.id, "name": call.name, "arguments": thaw(call.arguments)}
+        if usage is not None:
+            started["usage"] = usage.to_json()
+        yield Emit("tool.started", started)
     tool = plan.tools.get(call.name)
     unknown = call.id in plan.unknown and not getattr(tool, "replay_safe", False)
     with tool_span(plan.context, call) as traced:

@@ -10,8 +10,9 @@ exported. A step begins where the one before it ended (the turn's start, a
 tool's result, a compaction): a model step from then to its message, a
 compaction likewise. A tool call cut off by a crash is `interrupted` in its
 attempt, and the next attempt's run of it (if its tool is safe to run
-again) is a step of that attempt. A turn that ran one model step has that step's usage
-(the turn's); the usage of each step of a longer turn is not committed apart.
+again) is a step of that attempt. A model step's usage is what the first
+`tool.started` after it says it used; an ended turn's one step with none
+(its last, normally) used the rest of the turn's usage.
 The hooks that ran inside a tool call are listed in its `tool.finished`
 (`hooks`), and are steps from there; the turn's other hooks (session_start,
 user_prompt_submit, stop) commit nothing of their own and are spans only.
@@ -38,6 +39,7 @@ class _Timeline:
     since: float = 0.0  # where the next step begins
     steps: list[dict[str, Any]] = field(default_factory=list)
     open_tools: dict[str, dict[str, Any]] = field(default_factory=dict)
+    models: list[dict[str, Any]] = field(default_factory=list)  # the model steps, in order
 
     def step(self, kind: str, name: str, started: float, ended: float | None, outcome: str,
              attempt: int | None = None) -> dict[str, Any]:
@@ -55,6 +57,8 @@ class _Timeline:
                 step.update(ended_at=iso(at), outcome="interrupted")
             self.open_tools.clear()
         elif event.name == "tool.started":
+            if isinstance(data.get("usage"), dict) and self.models:  # what the step that asked used
+                self.models[-1]["usage"] = dict(data["usage"])
             self.open_tools[str(data.get("tool_call_id"))] = self.step(
                 "tool", str(data.get("name")), at, None, "running" if self.running else "unfinished")
         elif event.name == "tool.finished":
@@ -77,8 +81,21 @@ class _Timeline:
                                    "outcome": str(run.get("outcome"))})
 
     def model(self, message: MessageRecord) -> None:
-        self.step("model", self.turn.agent, self.since, message.created_at, "ok")
+        self.models.append(self.step("model", self.turn.agent, self.since, message.created_at, "ok"))
         self.since = message.created_at
+
+    def remainder(self) -> None:
+        """An ended turn's one model step whose usage no tool call carried (its last, usually) used
+        what the turn used beyond the others."""
+        left = [m for m in self.models if "usage" not in m]
+        if self.running or len(left) != 1 or not self.turn.usage:
+            return
+        used = {k: int(self.turn.usage.get(k) or 0) for k in ("input_tokens", "output_tokens")}
+        for m in self.models:
+            for k in used:
+                used[k] -= int(m.get("usage", {}).get(k) or 0)
+        if min(used.values()) >= 0:
+            left[0]["usage"] = used
 
     @property
     def running(self) -> bool:
@@ -98,11 +115,10 @@ async def steps_of(store: Store, turn: TurnRecord) -> dict[str, Any]:
             timeline.event(item)
         else:
             timeline.model(item)
+    timeline.remainder()
     permissions = [p for p in await store.list_permissions(turn.conversation_id) if p.turn_id == turn.id]
     steps = timeline.steps + [_permission(p, events) for p in permissions]
     steps.sort(key=lambda s: s["started_at"])
-    if len([s for s in steps if s["kind"] == "model"]) == 1 and turn.usage:
-        next(s for s in steps if s["kind"] == "model")["usage"] = dict(turn.usage)
     trace_id = started.data.get("trace_id") if started else None
     return {"trace_id": trace_id if isinstance(trace_id, str) else None, "steps": steps}
 
