@@ -39,6 +39,8 @@ class Settings(BaseSettings):
     lease_s: float = Field(default=10.0, gt=0)  # a replica silent this long loses its turns' leases
     replica_id: str = ""  # empty: host name and pid
     max_attempts: int = Field(default=3, ge=1)  # a turn cut off this many times fails with `interrupted`
+    # the console links each turn to its trace in the user's tracing UI: `{trace_id}` is filled in
+    trace_url: str = Field(default="", pattern=r"^$|^https?://\S*\{trace_id\}\S*$")
 
     @field_validator("log_level", mode="before")
     @classmethod

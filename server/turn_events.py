@@ -87,6 +87,9 @@ class TurnStarted(_Event):
     turn_id: str
     digest: str
     agent: str
+    trace_id: str | _Absent = ABSENT  # the trace every attempt of the turn goes on in (§13)
+    traceparent: str | _Absent = ABSENT  # the request's, when it came with one
+    tracestate: str | _Absent = ABSENT
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -101,6 +104,7 @@ class ToolStarted(_Event):
     tool_call_id: str
     tool: str  # `name` on the wire
     arguments: Any
+    usage: dict[str, Any] | _Absent = ABSENT  # the first call of a step: what the step's request used
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -112,6 +116,7 @@ class ToolFinished(_Event):
     tool: str
     is_error: bool
     content: str
+    hooks: list[dict[str, Any]] | _Absent = ABSENT  # the hooks that ran for the call (a turn's steps)
     outcome: Literal["unknown"] | _Absent = ABSENT
 
 

@@ -8,8 +8,9 @@ or in-process: `serve(fixture_app(...))` from `tests.fakes.uvicorn_thread`.
 Tools: `add(a, b)`, `echo(text)`, `hang()` (never returns), `pid()` (the
 serving process id, so a test can kill it), `execution_key()` (the
 `corral/execution_key` of the call's `_meta`, or "" without one; annotated
-read-only) and `put(key, value)` (keeps a value, answers the previous one;
-annotated idempotent, not read-only). The variant file holds `1` or
+read-only), `traceparent()` (the same for `traceparent`) and `put(key,
+value)` (keeps a value, answers the previous one; annotated idempotent, not
+read-only). The variant file holds `1` or
 `2` and is read at every `tools/list`; variant 2 gives `echo` another input
 schema, so a test changes the catalog a server reports without touching its
 definition (whose digest would change with it).
@@ -63,6 +64,10 @@ def execution_key(ctx: Context) -> str:
     return str((ctx.request_context.meta or {}).get("corral/execution_key", ""))
 
 
+def traceparent(ctx: Context) -> str:
+    return str((ctx.request_context.meta or {}).get("traceparent", ""))
+
+
 class Fixture(MCPServer):
     def __init__(self, variant_file: str | Path | None = None):
         super().__init__("fixture", version="1.0")
@@ -72,6 +77,8 @@ class Fixture(MCPServer):
         self.add_tool(hang, description="Never return.")
         self.add_tool(pid, description="The process id of this server.")
         self.add_tool(execution_key, description="The execution key this call carried.",
+                      annotations=types.ToolAnnotations(read_only_hint=True))
+        self.add_tool(traceparent, description="The W3C traceparent this call carried in its _meta.",
                       annotations=types.ToolAnnotations(read_only_hint=True))
         self.values: dict[str, str] = {}
         self.add_tool(self.put, description="Keep a value under a key; the previous value.",

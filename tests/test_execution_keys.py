@@ -240,7 +240,7 @@ async def test_an_mcp_call_carries_the_key_in_meta_and_replay_follows_annotation
     assert (keyed.content, keyed.is_error) == (KEY, False)
     assert (unkeyed.content, unkeyed.is_error) == ("", False)
     safe = {name: port.replay_safe for name, port in tools.items()}
-    assert safe == {"fixture__execution_key": True,  # readOnlyHint
+    assert safe == {"fixture__execution_key": True, "fixture__traceparent": True,  # readOnlyHint
                     "fixture__put": True,  # idempotentHint, not read-only
                     "fixture__add": False, "fixture__echo": False,  # no annotations: unsafe
                     "fixture__hang": False, "fixture__pid": False}

@@ -324,7 +324,11 @@ async def test_a_message_not_streamed_answers_202_at_once_while_a_permission_wai
         assert seen["status"] == "waiting" and seen["permission_requests"] == waiting["permission_requests"]
         assert (seen["id"], seen["turn_id"], seen["digest"]) == (turn_id, turn_id, waiting["digest"])
         assert (seen["output"], seen["ended_at"], seen["attempts"]) == (None, None, 1)
-        assert (seen["trace_id"], seen["steps"]) == (None, [])
+        assert len(seen["trace_id"]) == 32 and int(seen["trace_id"], 16)
+        assert [(s["kind"], s["name"], s["outcome"], s["ended_at"] is None, s["attempt"])
+                for s in seen["steps"]] == [("model", "careful", "ok", False, 1),
+                                            ("tool", "risky", "running", True, 1),
+                                            ("permission", "risky", "pending", True, 1)]
         assert seen["messages"][-1]["role"] == "assistant" and seen["messages"][-1]["tool_calls"]
     assert again.status_code == 202 and again.json() == waiting
     assert "echo later" not in served.ran()

@@ -1,8 +1,10 @@
 // Conversations: the filtered list, a transcript streaming live, and the chat composer.
 
 import { all, api, path, stream } from "./api.js";
-import { attempt, badge, digest, fill, h, json, time } from "./dom.js";
+import { contextMeter, conversationActions } from "./controls.js";
+import { attempt, badge, digest, fill, h, json, time, toast } from "./dom.js";
 import { state } from "./state.js";
+import { loadTimeline } from "./timeline.js";
 
 const rows = new Map(); // conversation id -> its list row's badge holder
 
@@ -109,8 +111,11 @@ export function newChatView(main, ref) {
       location.hash = `#/conversation/${created.id}`;
       scheduleReload();
       await send(created.id, content);
-    }, [h("label", { for: "agent-ref" }, "Agent reference"), agent,
-      h("datalist", { id: "agent-refs" }, refs.map((r) => h("option", { value: r })))])));
+    }, [h("div.pick", { role: "group", "aria-label": "Pick an agent" }, state.agents.map((a) =>
+      h("button.small", { type: "button", title: a.description || a.name,
+        onclick: () => { agent.value = a.name; document.getElementById("message").focus(); } }, a.name))),
+    h("label", { for: "agent-ref" }, "Agent reference"), agent,
+    h("datalist", { id: "agent-refs" }, refs.map((r) => h("option", { value: r })))])));
   document.getElementById("message").focus();
 }
 
@@ -125,17 +130,26 @@ export async function conversationView(main, id, signal) {
     onclick: () => attempt(() => api(path("/v1/conversations/{}/interrupt", id), { method: "POST" }),
       "Interrupt") }, "Interrupt");
   const transcript = h("ol.transcript", { "aria-label": "Transcript" });
+  const heading = h("h1", {}, conv.title || `Chat with ${conv.agent_name}`);
+  const meter = contextMeter(id);
+  const changed = (what, body) => {
+    if (what === "forked") location.hash = `#/conversation/${body.id}`;
+    if (what === "renamed") fill(heading, body.title || `Chat with ${conv.agent_name}`);
+    if (what === "archived") toast("Archived: it leaves the list (it stays readable here)");
+    scheduleReload();
+  };
   fill(main, h("div.view.chat-view", {},
     h("div.view-head", {},
-      h("div", {}, h("h1", {}, conv.title || `Chat with ${conv.agent_name}`),
+      h("div", {}, heading,
         h("p.meta", {}, h("code.mono", { title: "Conversation id" }, conv.id), " · ",
           h("a", { href: `#/agent/${encodeURIComponent(conv.agent)}` }, conv.agent),
-          conv.pinned ? h("span.tag", {}, "pinned") : null, " · ", statusBox)),
-      h("div.head-actions", {}, interrupt)),
+          conv.pinned ? h("span.tag", {}, "pinned") : null, " · ", statusBox),
+        h("p.meta", {}, h("span", {}, "Context"), meter)),
+      h("div.head-actions", {}, conversationActions(conv, meter, changed), interrupt)),
     transcript,
     composer((content) => send(id, content))));
   view = { id, status: (s) => { fill(statusBox, badge(s)); interrupt.hidden = s === "idle"; } };
-  const render = renderer(transcript, turns, id);
+  const render = renderer(transcript, turns, id, () => meter.refresh());
   let last = 0;
   while (!signal.aborted) { // the stream ends on a server restart: resume where it stopped
     try {
@@ -156,7 +170,7 @@ const ON = {
     finishTool(b.steps, d);
     if (b.state.textContent === "waiting") fill(b.state, badge("running"));
   },
-  "permission.requested": (b, d) => { fill(b.state, badge("waiting")); waitOn(b.steps, d); },
+  "permission.requested": (b, d) => { fill(b.state, badge("waiting")); waitOn(b.steps, d, b.conversationId); },
   "turn.completed": (b, d) => {
     fill(b.state, badge("completed"));
     b.answer.textContent = d.output ?? b.answer.textContent;
@@ -168,18 +182,22 @@ const ON = {
   "turn.cancelled": (b) => { fill(b.state, badge("cancelled")); },
 };
 
-function renderer(list, turns, conversationId) {
+const TIMED = new Set(["permission.requested", "tool.finished", "turn.completed", "turn.failed",
+  "turn.cancelled"]); // events after which a turn's timeline is read again
+
+function renderer(list, turns, conversationId, ended) {
   const blocks = new Map();
   const said = (b, input) => fill(b.input, h("span.who", {}, "You"), input);
   function start(data) {
     const known = turns.get(data.turn_id);
     const b = { answer: h("div.answer"), steps: h("div.steps"), input: h("div.said"),
-      state: h("span", {}, badge(known?.status || "running")) };
+      state: h("span", {}, badge(known?.status || "running")), timeline: h("div.timeline-holder"),
+      conversationId };
     b.el = h("li.turn", {},
       h("div.turn-head", {},
         h("span.turn-id", { title: data.turn_id }, data.turn_id.replace(/^turn_/, "").slice(0, 10)),
         digest(data.digest, { label: "ran on" }), b.state),
-      b.input, b.steps, b.answer);
+      b.input, b.steps, b.answer, b.timeline);
     blocks.set(data.turn_id, b);
     list.append(b.el);
     if (known) said(b, known.input);
@@ -200,6 +218,8 @@ function renderer(list, turns, conversationId) {
       const b = blocks.get(id) || start({ turn_id: id });
       if (ON[name]) ON[name](b, data);
       else b.steps.append(h("div.note", {}, `${name} `, h("code", {}, JSON.stringify(data))));
+      if (TIMED.has(name)) loadTimeline(conversationId, id, b.timeline);
+      if (name.startsWith("turn.") && name !== "turn.resumed") ended();
     }
     if (following) pane.scrollTop = pane.scrollHeight; // unless the reader scrolled up
   };
@@ -217,10 +237,15 @@ function cardOf(steps, data) {
     || (steps.append(toolCard(data)), steps.lastElementChild);
 }
 
-function waitOn(steps, data) {
+function waitOn(steps, data, conversationId) {
   const c = cardOf(steps, data);
   fill(c.querySelector(".tool-state"), "waiting for permission");
-  c.append(h("div.note.waiting", {}, "Asks permission to run: answer it under Permissions, on the right."));
+  const answer = (decision) => attempt(() => api(path("/v1/conversations/{}/permissions/{}", conversationId,
+    data.request_id), { method: "POST", body: { decision } }), decision === "allow" ? "Allow" : "Deny");
+  c.append(h("div.note.waiting", {}, h("span", {}, "Asks permission to run"),
+    h("span.row-actions", {},
+      h("button.small.danger", { type: "button", onclick: () => answer("deny") }, "Deny"),
+      h("button.small.primary", { type: "button", onclick: () => answer("allow") }, "Allow"))));
 }
 
 function finishTool(steps, data) {

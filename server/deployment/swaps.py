@@ -35,6 +35,7 @@ from ..errors import CorralError, DefinitionsInvalid
 from ..ids import new_id
 from ..metrics import Metrics
 from ..store.base import DefinitionStore, TurnRecord
+from ..tracing import names, spans
 from .registry import Registry
 from .reports import BusyTurn, Change, SwapReport
 
@@ -89,6 +90,14 @@ def lock_errors(definitions: DefinitionSet) -> list[dict[str, Any]]:
     ]
 
 
+def _trace(report: SwapReport, started_ns: int) -> None:
+    """The swap as a span of its own (`corral.swap`): a rejection is its failure."""
+    name, attributes = names.swap(report.trigger, report.status, report.previous, report.current,
+                                  len(report.changes), len(report.busy))
+    error = str(report.errors[0].get("code", "definitions_invalid")) if report.errors else None
+    spans.record(name, attributes, started_ns, error=error)
+
+
 def check_locked(definitions: DefinitionSet) -> None:
     """Refuse to start in locked mode when the set differs from corral.lock."""
     errors = lock_errors(definitions)
@@ -139,6 +148,7 @@ class Swapper:
     async def reload(self, trigger: str, changed: Iterable[str] | None = None) -> SwapReport:
         """Compile and swap; `changed` (from the watcher) lets the compiler look at those paths only."""
         async with self._one_at_a_time:
+            started_ns = time.time_ns()
             previous = self.registry.current
             report = SwapReport(id=new_id("swap"), at=iso(time.time()), trigger=trigger, status="unchanged",
                                 previous=previous.digest, current=previous.digest, replica=self.replica)
@@ -150,6 +160,7 @@ class Swapper:
             else:
                 report = await self._consider(previous, candidate, report)
             await self._announce(report)
+            _trace(report, started_ns)
             return report
 
     def _compile(self, changed: Iterable[str] | None) -> DefinitionSet:

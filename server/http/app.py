@@ -16,6 +16,7 @@ from ..mcp.mount import mcp_route
 from ..mcp.server import AgentsMCP
 from ..service import open_service
 from ..settings import Settings
+from ..tracing import InboundTrace
 from . import (
     agents,
     closures,
@@ -85,4 +86,5 @@ def _middleware(settings: Settings) -> list[Middleware]:
                                      max_age=600))
     return [*middleware,
             Middleware(ApiKeys, keys=settings.keys),
-            Middleware(BodyLimit, limit=settings.max_body_bytes, timeout_s=settings.body_timeout_s)]
+            Middleware(BodyLimit, limit=settings.max_body_bytes, timeout_s=settings.body_timeout_s),
+            Middleware(InboundTrace)]  # a request's `traceparent`: the turns it starts are its children

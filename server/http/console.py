@@ -14,6 +14,7 @@ The page is for people, not part of the JSON API: it stays out of
 
 from __future__ import annotations
 
+from html import escape
 from pathlib import Path
 
 from starlette.requests import Request
@@ -36,9 +37,12 @@ HEADERS = {
 
 
 async def page(request: Request) -> Response:
-    """The console's page; `corral-keys` says whether requests need `Authorization: Bearer`."""
-    keys = "required" if request.app.state.service.settings.keys else "none"
+    """The console's page; `corral-keys` says whether requests need `Authorization: Bearer`,
+    `corral-trace-url` where a turn's trace is shown (`CORRAL_TRACE_URL`, if set)."""
+    settings = request.app.state.service.settings
+    keys = "required" if settings.keys else "none"
     html = (FILES / "index.html").read_text("utf-8").replace("{{keys}}", keys)
+    html = html.replace("{{trace_url}}", escape(settings.trace_url, quote=True))
     return Response(html, media_type="text/html; charset=utf-8", headers=HEADERS)
 
 

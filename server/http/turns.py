@@ -12,6 +12,7 @@ from starlette.routing import Route
 
 from ..errors import RequestError
 from ..runtime import waits
+from ..runtime.steps import steps_of
 from .conversations import turn_json
 
 MAX_WAIT_S = 60.0
@@ -31,21 +32,22 @@ def wait_param(raw: str | None) -> float | None:
     return value
 
 
-def view_json(view: waits.TurnView) -> dict[str, Any]:
+def view_json(view: waits.TurnView, steps: dict[str, Any]) -> dict[str, Any]:
     """The non-streaming result's shape (§8) with the turn list's fields; `permission_requests` while it
-    waits. `trace_id` and `steps` are placeholders until turns are traced (§13)."""
+    waits; its `trace_id` and `steps` (§13)."""
     body = view.result.to_json() | turn_json(view.record)
     if view.requests is not None:
         body["permission_requests"] = [r.to_json() for r in view.requests]
-    body.update(trace_id=None, steps=[])
+    body.update(steps)
     return body
 
 
 async def get_turn(request: Request) -> Response:
     wait_s = wait_param(request.query_params.get("wait"))
-    view = await waits.read(request.app.state.service.conversations, request.path_params["id"],
-                            request.path_params["turn_id"], wait_s)
-    return JSONResponse(view_json(view))
+    service = request.app.state.service
+    view = await waits.read(service.conversations, request.path_params["id"], request.path_params["turn_id"],
+                            wait_s)
+    return JSONResponse(view_json(view, await steps_of(service.store, view.record)))
 
 
 routes = [Route("/v1/conversations/{id}/turns/{turn_id}", get_turn, methods=["GET"])]

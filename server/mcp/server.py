@@ -44,7 +44,7 @@ from mcp.server.subscriptions import (
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from .. import __version__
+from .. import __version__, tracing
 from ..canonical import thaw
 from ..compiler import schemas
 from ..compiler.definitions import PATH_KINDS, AgentDefinition, SkillDefinition
@@ -192,7 +192,8 @@ class AgentsMCP:
                 return _tool_error("invalid_request", f"conversation {conversation.id} belongs to {owner}")
         else:
             conversation = await conversations.create(ref, None, {"source": "mcp"})
-        turn = await conversations.send(conversation.id, arguments["message"])
+        with tracing.adopted(tracing.context_from_meta(ctx.meta)):  # a `traceparent` in `_meta`
+            turn = await conversations.send(conversation.id, arguments["message"])
         try:
             if ctx.meta and ctx.meta.get("progress_token") is not None:
                 asked = await self._progress(ctx, conversation.id, turn)

@@ -30,6 +30,7 @@ import anyio
 from ..messages import Message, Usage
 from ..statuses import ENDED_STATUSES, EndedStatus, TurnStatus
 from ..store.base import TurnRecord
+from ..tracing import TurnTrace
 from ..turn_events import (
     ABSENT,
     PermissionRequested,
@@ -165,6 +166,7 @@ class ActiveTurn:
     stopped: Stop | None = None  # it goes on elsewhere: no ending here
     hand_off: bool = False  # a stopping replica asks it to stop at its next checkpoint
     usage: Usage | None = None  # what its model requests used so far (`loop.Spent`)
+    trace: TurnTrace | None = None  # the trace its `turn.started` records: every attempt goes on in it
     output: OutputSchema | None = None  # the request's own output schema (the OpenAI route's), if any
     _interrupted: bool = False
 

@@ -21,6 +21,7 @@ from typing import Protocol
 from ..messages import Message, Usage
 from ..statuses import PermissionStatus
 from ..store.base import ConversationStore, PermissionStore, TurnJournal, TurnRecord
+from ..tracing import TurnTrace
 from ..turn_events import ToolFinished, ToolStarted, TurnStarted, turn_of
 
 # permission states in which the call did not run
@@ -39,6 +40,7 @@ class Checkpoint:
     unknown: frozenset[str]  # ... that may have run, with no result committed
     started_seq: int  # the seq of the turn's `turn.started`: its stream replays from there
     usage: Usage = field(default_factory=Usage)  # what its model requests used, committed with its steps
+    trace: TurnTrace | None = None  # the trace its `turn.started` recorded: every attempt goes on in it
 
 
 async def checkpoint_of(store: Records, turn: TurnRecord) -> Checkpoint:
@@ -49,6 +51,7 @@ async def checkpoint_of(store: Records, turn: TurnRecord) -> Checkpoint:
     started: set[str] = set()
     finished: set[str] = set()
     started_seq = 0
+    trace = None
     after = 0
     while True:
         page = await store.list_events(turn.conversation_id, after=after, limit=1000)
@@ -57,6 +60,7 @@ async def checkpoint_of(store: Records, turn: TurnRecord) -> Checkpoint:
             event = record.event
             if event.name == TurnStarted.name and turn_of(event) == turn.id:  # typed or not
                 started_seq = record.seq
+                trace = TurnTrace.of_event(record.data)
                 started.clear()
                 finished.clear()
             elif started_seq and isinstance(event, ToolStarted):
@@ -70,7 +74,7 @@ async def checkpoint_of(store: Records, turn: TurnRecord) -> Checkpoint:
     return Checkpoint(history=history, messages=messages, started=frozenset(started),
                       unknown=frozenset(started - finished - held_back), started_seq=started_seq,
                       usage=Usage(int(turn.usage.get("input_tokens") or 0),
-                                  int(turn.usage.get("output_tokens") or 0)))
+                                  int(turn.usage.get("output_tokens") or 0)), trace=trace)
 
 
 async def _history(store: ConversationStore, conversation_id: str, before: int | None) -> tuple[Message, ...]:

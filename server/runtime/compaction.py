@@ -24,10 +24,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
+from .. import tracing
 from ..compiler.definitions import Closure, ModelDefinition
 from ..messages import Message, Usage
 from ..providers.base import ModelPort
 from ..store.base import ContextView
+from ..tracing import names
 from .context_views import head_tokens
 from .summaries import summarize
 from .token_ledger import Ledger, Limits
@@ -105,6 +107,13 @@ class Compaction:
 
     async def run(self, strategy: str, *, kept: int, minimum: int) -> dict[str, Any] | None:
         """Compact and commit; the event's data, or None when there was nothing to compact."""
+        with tracing.span(*names.compaction(strategy)) as span:  # a summary's `chat` span inside
+            data = await self._run(strategy, kept=kept, minimum=minimum)
+            span.outcome("compacted" if data else "unchanged")
+            span.update({f"corral.compaction.{k}": v for k, v in (data or {}).items() if k != "turn_id"})
+            return data
+
+    async def _run(self, strategy: str, *, kept: int, minimum: int) -> dict[str, Any] | None:
         ledger = self.ledger
         cut = self._cut(kept, minimum)
         if cut is None:

@@ -28,8 +28,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from .. import tracing
 from ..tools.base import ToolContext, ToolOutput, ToolPort
 from ..tools.confinement import NO_REDACTION, Redactor
+from ..tracing import names
 
 if TYPE_CHECKING:
     from .hooks import Hooks
@@ -72,7 +74,9 @@ class Guarded:
             if self.broker is None:
                 return ToolOutput(f"{name} needs a person's approval, and none can be asked here",
                                   is_error=True)
-            allowed, why = await self.broker.request(ctx, name, args, reason)
+            with tracing.span(*names.permission(name, ctx.call_id)) as waited:
+                allowed, why = await self.broker.request(ctx, name, args, reason)
+                waited.outcome("allowed" if allowed else "denied")
             if not allowed:
                 return ToolOutput(f"permission denied for {name}: {why}", is_error=True)
         await _confirm(ctx)  # after hooks and a person's answer: a paused replica may have lost the turn

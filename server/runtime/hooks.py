@@ -56,6 +56,7 @@ from typing import Any
 import anyio
 import httpx
 
+from .. import tracing
 from ..compiler.definitions import HookDefinition
 from ..compiler.documents import HOOK_EVENTS
 from ..compiler.templates import MissingSecret, resolve_secrets
@@ -64,7 +65,9 @@ from ..errors import RunError
 from ..messages import Message
 from ..tools.confinement import NO_REDACTION, Redactor, child_environment
 from ..tools.processes import StartFailed, run_process
+from ..tracing import names
 from .hook_protocol import Answer, HookFailed, Verdict, blocked, combine, read_output
+from .turn_traces import note_hook
 
 __all__ = ["EVENT_NAMES", "Hooks", "Transcript", "Verdict"]
 
@@ -198,7 +201,11 @@ class Hooks:
         answers = [Answer(Verdict())] * len(hooks)
 
         async def one(index: int, hook: HookDefinition) -> None:
-            answers[index] = await self._run_one(hook, event, body, execution_key)
+            with tracing.span(*names.hook(hook.name, event, "command" if hook.command else "http")) as span:
+                started = time.time()
+                answers[index] = await self._run_one(hook, event, body, execution_key)
+                span.outcome(answers[index].verdict.decision)
+                note_hook(hook.name, event, started, time.time(), answers[index].verdict.decision)
 
         async with anyio.create_task_group() as group:
             for index, hook in enumerate(hooks):

@@ -52,6 +52,7 @@ from ..turn_events import ABSENT, MessageDelta, ToolFinished, ToolStarted, TurnE
 from .budgets import Budget, TurnSpend
 from .structured import MAX_REPAIRS as MAX_OUTPUT_REPAIRS
 from .structured import MISSING, OutputProblem, OutputSchema
+from .turn_traces import tool_span
 
 if TYPE_CHECKING:
     from .context_window import ContextWindow
@@ -252,8 +253,8 @@ async def run_turn(plan: TurnPlan) -> AsyncIterator[LoopEvent]:
             messages.append(follow_up)
             yield Append(follow_up)
             continue
-        for call in calls:
-            async for event in _tool_call(plan, guards, call, messages):
+        for index, call in enumerate(calls):  # the first call says what the step that asked for it used
+            async for event in _tool_call(plan, guards, call, messages, step.usage if index == 0 else None):
                 yield event
     raise RunError(f"the agent did not finish within max_steps={plan.max_steps}", code="max_steps_exceeded")
 
@@ -315,17 +316,24 @@ async def _resume(plan: TurnPlan, guards: _Guards, messages: list[Message]) -> A
                 yield event
 
 
-async def _tool_call(plan: TurnPlan, guards: _Guards, call: ToolCall,
-                     messages: list[Message]) -> AsyncIterator[LoopEvent]:
-    """One call: `tool.started`, the call (or, for an unsafe call a crash cut off, an unknown
+async def _tool_call(plan: TurnPlan, guards: _Guards, call: ToolCall, messages: list[Message],
+                     usage: Usage | None = None) -> AsyncIterator[LoopEvent]:
+    """One call: `tool.started` (with `usage`, what the model step that asked for it used, when
+    given: a turn's steps read it), the call (or, for an unsafe call a crash cut off, an unknown
     outcome), `tool.finished`, and its result in the transcript."""
     if call.id not in plan.started:
-        yield Emit(ToolStarted(tool_call_id=call.id, tool=call.name, arguments=thaw(call.arguments)))
+        yield Emit(ToolStarted(tool_call_id=call.id, tool=call.name, arguments=thaw(call.arguments),
+                               usage=ABSENT if usage is None else usage.to_json()))
     tool = plan.tools.get(call.name)
     unknown = call.id in plan.unknown and not getattr(tool, "replay_safe", False)
-    output = ToolOutput(UNKNOWN_OUTCOME, is_error=True) if unknown else await _call_tool(plan, guards, call)
+    with tool_span(plan.context, call) as traced:
+        output = (ToolOutput(UNKNOWN_OUTCOME, is_error=True) if unknown
+                  else await _call_tool(plan, guards, call))
+        traced.finished(output, unknown)
+    # the hooks that ran for it: the turn's steps read them from here
     yield Emit(ToolFinished(tool_call_id=call.id, tool=call.name, is_error=output.is_error,
-                            content=_clip(output.content), outcome="unknown" if unknown else ABSENT))
+                            content=_clip(output.content), hooks=traced.hooks or ABSENT,
+                            outcome="unknown" if unknown else ABSENT))
     result = ToolResultMessage(tool_call_id=call.id, name=call.name, content=output.content,
                                is_error=output.is_error)
     messages.append(result)

@@ -38,6 +38,7 @@ from ..metrics import Metrics
 from ..providers.base import ModelPort
 from ..providers.counted import CountedModel
 from ..providers.scripted import ScriptedProvider
+from ..providers.traced import traced
 from ..providers.wellformed import WellFormedModel
 from ..tools.base import ToolContext, ToolPort
 from ..tools.confinement import Secrets
@@ -47,6 +48,7 @@ from .budgets import Budget
 from .guard import Guarded
 from .loop import Done, TurnPlan, run_turn
 from .structured import OutputSchema
+from .turn_traces import sub_agent_span
 
 if TYPE_CHECKING:
     from .hooks import Hooks, Transcript
@@ -101,7 +103,8 @@ class Runtime:
         return RetryingModel(self._counted(port), model.retries, model.timeout_s)
 
     def _counted(self, port: ModelPort) -> ModelPort:
-        # Inside the retries: each attempt is a request the provider saw (and may bill).
+        # Inside the retries: each attempt is a request the provider saw (and may bill), and a span.
+        port = traced(port)
         return port if self.metrics is None else CountedModel(port, self.metrics.model_requests)
 
     def model(self, closure: Closure) -> ModelPort:
@@ -162,9 +165,10 @@ class Runtime:
         async def run(name: str, message: str, ctx: ToolContext) -> str:
             sub = closure.sub_closure(name)
             plan = await self._plan(sub, (), message, ctx, transcript)
-            async for event in run_turn(plan):
-                if isinstance(event, Done):
-                    return event.output
+            with sub_agent_span(name, sub.agent.digest, ctx):
+                async for event in run_turn(plan):
+                    if isinstance(event, Done):
+                        return event.output
             raise RunError(f"sub-agent {name} ended without an answer")
 
         return run

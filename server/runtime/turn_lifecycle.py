@@ -44,6 +44,7 @@ from ..errors import (
 )
 from ..ids import new_id
 from ..store.base import ConversationRecord, TurnRecord
+from ..tracing import TurnTrace
 from ..turn_events import TurnStarted
 from .active_turn import ActiveTurn, Ending, Failed, ending_of
 from .admission import KeyTaken, Superseded
@@ -149,7 +150,9 @@ class TurnLifecycle:
         """Write the turn's row and its `turn.started` (one transaction); from here on it exists."""
         record = turn.record
         now = time.time()
-        started = TurnStarted(turn_id=record.id, digest=record.digest, agent=record.agent).wire()
+        turn.trace = TurnTrace.begin()  # the request's trace, if it named one; kept for every attempt
+        started = TurnStarted(turn_id=record.id, digest=record.digest, agent=record.agent,
+                              **turn.trace.fields()).wire()
         seq = await self.turn_store.begin_turn(record, started, now)
         self.hub.status(conversation_id, "busy")
         self.hub.committed(conversation_id, [(seq, started)], now)
@@ -173,6 +176,7 @@ class TurnLifecycle:
         log.warning("turn %s of conversation %s resumed (attempt %d)", record.id, conversation.id,
                     record.attempts)
         turn.begin(checkpoint.started_seq, checkpoint.messages)
+        turn.trace = checkpoint.trace or TurnTrace.begin()
         self.metrics.busy.inc(amount=1)
         self.steering.resumed(turn.id)
         self.tg.start_soon(self._lifetime, conversation, closure, turn, checkpoint)
@@ -271,7 +275,8 @@ class TurnLifecycle:
         now = time.time()
         ending = ending_of(record, turn.final_outcome(), now)
         await self.turn_store.create_turn(replace(record, **ending.changes))
-        events = [TurnStarted(turn_id=record.id, digest=record.digest, agent=record.agent).wire(),
+        events = [TurnStarted(turn_id=record.id, digest=record.digest, agent=record.agent,
+                              **TurnTrace.begin().fields()).wire(),
                   (ending.event, ending.data)]
         seqs = await self.turn_store.append(record.conversation_id, record.id, [], events, now)
         self.hub.committed(record.conversation_id, list(zip(seqs, events, strict=True)), now)

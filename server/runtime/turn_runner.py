@@ -30,10 +30,12 @@ from ..errors import CorralError, LeaseLost, StorageError
 from ..messages import Message, Usage, repair_history
 from ..store.base import ConversationRecord
 from ..tools.base import ToolContext
+from ..tracing import TurnTrace
 from ..turn_events import MessageDelta, PermissionRequested, ToolFinished, TurnEvent
 from .active_turn import ActiveTurn, Completed, Failed, HandOff
 from .checkpoints import Checkpoint
 from .loop import Append, Done, Emit, Spent, run_turn
+from .turn_traces import attempt_span
 
 if TYPE_CHECKING:
     from ..metrics import Metrics
@@ -70,19 +72,20 @@ class TurnRunner:
                   journal: Journal, resumed: Checkpoint | None = None) -> None:
         """Run a begun turn, or (`resumed`) the next attempt of one taken over from a stopped replica, to
         its outcome (settled on `active`). Raises nothing but cancellation; the caller ends the turn."""
-        try:
-            await self._run(conversation, closure, active, journal, resumed)
-            await journal.flush()
-        except LeaseLost:
-            active.goes_on_elsewhere("lost")
-        except HandOff:
-            active.goes_on_elsewhere("handed_over")
-        except CorralError as exc:
-            active.settle(Failed(exc.envelope()["error"], usage=active.usage))
-        except Exception:  # a bug must fail this turn, not the task group every turn runs in
-            log.exception("turn %s failed unexpectedly", active.id)
-            active.settle(Failed({"code": "internal", "message": "internal error during the turn"},
-                                 usage=active.usage))
+        async with attempt_span(active.trace or TurnTrace.begin(), active, self.runtime.secrets.redactor):
+            try:
+                await self._run(conversation, closure, active, journal, resumed)
+                await journal.flush()
+            except LeaseLost:
+                active.goes_on_elsewhere("lost")
+            except HandOff:
+                active.goes_on_elsewhere("handed_over")
+            except CorralError as exc:
+                active.settle(Failed(exc.envelope()["error"], usage=active.usage))
+            except Exception:  # a bug must fail this turn, not the task group every turn runs in
+                log.exception("turn %s failed unexpectedly", active.id)
+                active.settle(Failed({"code": "internal", "message": "internal error during the turn"},
+                                     usage=active.usage))
 
     async def _run(self, conversation: ConversationRecord, closure: Closure, active: ActiveTurn,
                    journal: Journal, resumed: Checkpoint | None) -> None:

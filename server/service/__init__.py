@@ -29,6 +29,7 @@ from typing import cast
 import anyio
 import httpx
 
+from .. import tracing
 from ..compiler.compiler import Compiler
 from ..compiler.definitions import DefinitionSet
 from ..compiler.lockfile import LockError, read_lock
@@ -126,7 +127,10 @@ async def _opened(settings: Settings) -> AsyncIterator[Service]:
         await registry.persist(definitions)
         timeout = httpx.Timeout(60.0, connect=10.0)
         limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
-        async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        tracing.configure()  # from OTEL_* variables; without them nothing is built
+        # every outbound request of a turn names the span it was made in (`traceparent`)
+        async with httpx.AsyncClient(timeout=timeout, limits=limits,
+                                     event_hooks={"request": [tracing.inject_httpx]}) as client:
             service, mcp = _assemble(settings, compiler, definitions, store, health, registry, files, client)
             conversations, replica = service.conversations, service.replica
             async with anyio.create_task_group() as tg:
@@ -154,6 +158,7 @@ async def _opened(settings: Settings) -> AsyncIterator[Service]:
     finally:
         with anyio.CancelScope(shield=True):
             await store.close()
+            await anyio.to_thread.run_sync(tracing.shutdown)  # the spans still queued are sent
 
 
 def _assemble(settings: Settings, compiler: Compiler, definitions: DefinitionSet, store: Store,

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..compiler.templates import SECRET_REF
+from ..tracing import trace_environment
 from .base import EXECUTION_KEY_ENV
 
 INHERITED = ("PATH", "HOME", "LANG", "TZ", "TMPDIR")
@@ -46,6 +47,7 @@ def child_environment(extra: Mapping[str, str] | None = None,
     env.update(extra or {})
     if execution_key:
         env[EXECUTION_KEY_ENV] = execution_key
+    env.update(trace_environment())  # TRACEPARENT: the span it runs in (a tool call's, a hook's)
     return env
 
 

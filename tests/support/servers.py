@@ -72,8 +72,9 @@ def corral_server(definitions: Path, state_dir: Path, *, host: str = "127.0.0.1"
 
 
 def clean_environ(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """This process's environment without any CORRAL_* setting, plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    """This process's environment without any CORRAL_* setting (nor an OTEL_* one: a developer's own
+    collector gets no test's spans), plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CORRAL_", "OTEL_"))}
     return env | {"PYTHONUNBUFFERED": "1"} | (extra or {})
 
 

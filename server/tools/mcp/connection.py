@@ -40,6 +40,7 @@ from ... import __version__
 from ...compiler.definitions import MCPServerDefinition
 from ...compiler.templates import MissingSecret, resolve_secrets
 from ...deployment.vault import FileVault
+from ...tracing import trace_meta
 from ..base import EXECUTION_KEY_META, ToolOutput
 from ..confinement import Redactor, program_path
 from ..processes import SUPERVISED, locate, supervised
@@ -274,7 +275,9 @@ class Connection:
 
 
 def _meta(execution_key: str) -> types.RequestParamsMeta | None:
-    return {EXECUTION_KEY_META: execution_key} if execution_key else None
+    meta: dict[str, Any] = {EXECUTION_KEY_META: execution_key} if execution_key else {}
+    meta.update(trace_meta())  # the call's span, as `traceparent`
+    return meta or None  # type: ignore[return-value]
 
 
 async def _list_tools(client: Client) -> list[types.Tool]:
