@@ -39,6 +39,10 @@ class Settings(BaseSettings):
     lease_s: float = Field(default=10.0, gt=0)  # a replica silent this long loses its turns' leases
     replica_id: str = ""  # empty: host name and pid
     max_attempts: int = Field(default=3, ge=1)  # a turn cut off this many times fails with `interrupted`
+    # evals (§12): case runs at once across every eval run of this process, apart from serving turns
+    eval_max_concurrency: int = Field(default=4, gt=0)
+    eval_on_swap: bool = False  # run the affected evals after each applied swap, in the background
+    require_evals: bool = False  # `--locked` also needs a passing run of each eval in corral.lock
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..compiler import documents
+from ..compiler import kinds
 from ..compiler.compiler import Compiler
 from ..compiler.definitions import DefinitionSet
 from ..compiler.lockfile import LOCK_FILE, Lock, LockError, catalog_drift, drift, read_lock, write_lock
@@ -129,7 +129,7 @@ def _mcp_catalogs(definitions: DefinitionSet, locked: Lock | None, args: argpars
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    print(json.dumps(documents.json_schema(), indent=2))
+    print(json.dumps(kinds.json_schema(), indent=2))
     return 0
 
 
@@ -167,12 +167,14 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_runtime_verbs(verbs: argparse._SubParsersAction) -> None:
     try:  # the runtime's verbs need the server's dependencies, which a bare compiler install lacks
         from .chat import add_verb as add_chat
+        from .evaluating import add_eval_verb
         from .running import add_mcp_verb, add_serve_verb
     except ImportError:
         return
     add_serve_verb(verbs, _add_dir)  # in the order `corral --help` lists them
     add_chat(verbs)
     add_mcp_verb(verbs, _add_dir)
+    add_eval_verb(verbs, _add_dir)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

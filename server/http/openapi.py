@@ -27,7 +27,7 @@ from starlette.routing import BaseRoute, Route
 
 from .. import __version__
 from ..errors import ERRORS, TURN_FAILURES, forms
-from . import agents, closures, conversations, deployments, health, openai_compat, permissions, turns
+from . import agents, closures, conversations, deployments, evals, health, openai_compat, permissions, turns
 from .browsers import BODY_METHODS
 from .guards import OPEN_PATHS
 
@@ -122,6 +122,15 @@ DOCS: dict[Callable[..., Any] | type, Doc] = {
                                         (*REF, "overloaded", "cancelled", "permission_required",
                                          *TURN_FAILURES),
                                         body=openai_compat.ChatRequest),
+    evals.list_evals: Doc("List Evals, each with its latest run on its agent's current digest", STORE),
+    evals.start_run: Doc("Run an Eval on its agent's current digest, or on `agent` (any reference); 202 with "
+                         "the run, running", ("not_found", *REF), body=evals.StartRun, status=202),
+    evals.list_runs: Doc("An Eval's runs, newest first (agent=REF: on that digest)", ("not_found", *REF),
+                         query=(("limit", "integer"), ("agent", "string"))),
+    evals.get_run: Doc("One eval run; wait=S (0 < S <= 60) holds the answer until it ends",
+                       ("invalid_request", "not_found", *STORE), query=(("wait", "number"),)),
+    evals.agent_evals: Doc("For an agent digest: each of its Evals at its current digest, the latest run, "
+                           "passed (true, false, or null when never run)", REF),
     # `/mcp` answers MCP's own errors in JSON-RPC (see `mcp.server`); over HTTP, only the guards'.
     StreamableHTTPASGIApp: Doc("MCP over streamable HTTP: JSON-RPC (POST), its stream (GET), session end "
                                "(DELETE)", media=""),

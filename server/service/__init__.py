@@ -37,6 +37,7 @@ from ..deployment.swaps import Swapper, check_locked
 from ..deployment.vault import FileVault
 from ..deployment.watcher import watch
 from ..errors import CorralError
+from ..evals.runs import EvalRuns
 from ..metrics import Metrics
 from ..runtime.conversations import Conversations
 from ..runtime.events import EventHub
@@ -68,6 +69,7 @@ class Service:
     permissions: PermissionBroker
     replica: Replica
     health: StoreHealth | None = None
+    evals: EvalRuns | None = None
     ready: bool = False
     stopping: anyio.Event = field(default_factory=anyio.Event)
     exit_code: int | None = None  # set when the process should exit on its own (a dead store)
@@ -119,6 +121,8 @@ async def _opened(settings: Settings) -> AsyncIterator[Service]:
                 tg.start_soon(_stop_when_the_store_dies, service)
                 await tg.start(mcp.run)
                 await tg.start(conversations.run)
+                assert service.evals is not None
+                await tg.start(service.evals.run)
                 await replica.recover_at_start()  # resumed turns run in the conversations' task group
                 await tg.start(replica.run)
                 if settings.watch:
@@ -166,8 +170,10 @@ def _assemble(settings: Settings, compiler: Compiler, definitions: DefinitionSet
     swapper.listeners.append(_mcp_follows_swaps(mcp, registry))
     swapper.listeners.append(_secrets_follow_swaps(secrets, registry))
     health.on_recovered.append(conversations.runner.record_unrecorded)
+    evals = EvalRuns(store, registry, conversations, runtime, hub.publish_global,
+                     max_concurrency=settings.eval_max_concurrency)
     return Service(settings, compiler, registry, store, runtime, hub, metrics, conversations, swapper,
-                   permissions, replica, health), mcp
+                   permissions, replica, health, evals), mcp
 
 
 def _mcp_connections(root: Path, locked: bool, hub: EventHub, files: FileVault) -> MCPConnections:

@@ -37,6 +37,7 @@ import asyncpg
 from .base import UNSET, ConversationRecord, Notice
 from .postgres_context import ContextTables
 from .postgres_coordination import CoordinationTables
+from .postgres_evals import EvalTables
 from .postgres_listener import Listener
 from .postgres_pool import CHANNEL, NOTICE_LIMIT, PostgresBase, dumps, notice_sql
 from .postgres_records import RecordTables
@@ -48,7 +49,7 @@ from .stats import StoreStats
 
 
 class PostgresStore(TranscriptTables, TurnTables, CoordinationTables, RecordTables, ContextTables,
-                    PostgresBase):
+                    EvalTables, PostgresBase):
     """`Store` on a PostgreSQL database; the schema is created or upgraded on open."""
 
     embedded = False

@@ -53,6 +53,7 @@ from .sqlite_audit import AuditTables
 from .sqlite_context import ContextTables
 from .sqlite_coordination import CoordinationTables, check_fence, release_turn
 from .sqlite_deployments import DeploymentTables
+from .sqlite_evals import EvalTables
 from .sqlite_transcripts import TranscriptTables
 from .sqlite_writes import (
     check_turn_changes,
@@ -106,7 +107,8 @@ def _definition(row: sqlite3.Row) -> StoredDefinition:
     return StoredDefinition(**fields)
 
 
-class SQLiteStore(TranscriptTables, DeploymentTables, AuditTables, CoordinationTables, ContextTables):
+class SQLiteStore(TranscriptTables, DeploymentTables, AuditTables, CoordinationTables, ContextTables,
+                  EvalTables):
     """`Store` on one SQLite file; the parent directory is created on open."""
 
     embedded = True
