@@ -14,9 +14,11 @@ import anyio
 import httpx
 import pytest
 
-from tests.support.evals import MARKER, STUBS, by_case, eval_tree, run_eval
+from tests.support.evals import MARKER, STUBS, agent_yaml, by_case, eval_tree, run_eval
 from tests.support.events import named, server_events
 from tests.support.servers import corral_server
+from tests.support.swaps import reload
+from tests.support.trees import write_atomic
 
 pytestmark = pytest.mark.anyio
 
@@ -262,3 +264,31 @@ async def test_bad_requests_are_clear(tmp_path: Path) -> None:
     assert (unknown_field.status_code, unknown_field.json()["error"]["code"]) == (400, "invalid_request")
     assert (no_run.status_code, no_run.json()["error"]["code"]) == (404, "not_found")
     assert (bad_wait.status_code, bad_wait.json()["error"]["code"]) == (400, "invalid_request")
+
+
+async def test_an_edit_leaves_the_new_digest_unevaluated_and_the_old_result_readable_by_its_pin(
+        tmp_path: Path) -> None:
+    defs = eval_tree(tmp_path / "defs", THRESHOLD_AND_REPEAT)
+    with anyio.fail_after(120), corral_server(defs, tmp_path / "state") as url:
+        async with client_for(url) as client:
+            run = await run_eval(client, "strict")
+            old = run["agent_digest"]
+            before = (await client.get("/v1/agents/clerk/evals")).json()
+            write_atomic(defs / "agent.yaml", agent_yaml(reply_prefix="v2 "))
+            report = await reload(client)
+            after = (await client.get("/v1/agents/clerk/evals")).json()
+            pinned = (await client.get(f"/v1/agents/clerk@{old}/evals")).json()
+            runs_of_old = (await client.get("/v1/evals/strict/runs", params={"agent": f"clerk@{old}"})).json()
+            runs_of_new = (await client.get("/v1/evals/strict/runs", params={"agent": "clerk"})).json()
+            listed = {e["name"]: e for e in (await client.get("/v1/evals")).json()["items"]}
+
+    assert report["status"] == "applied"
+    changed = {(c["kind"], c["name"]) for c in report["changes"]}
+    assert {("Agent", "clerk"), ("Model", "clerk-model")} <= changed
+    assert not any(c["kind"] == "Eval" for c in report["changes"])  # its digest does not cover the agent
+    assert {e["name"]: e["passed"] for e in before["items"]} == {"half": None, "strict": False}
+    assert after["digest"] != old and {e["name"]: e["passed"] for e in after["items"]} == {"half": None,
+                                                                                           "strict": None}
+    assert pinned["digest"] == old and {e["name"]: e["passed"] for e in pinned["items"]}["strict"] is False
+    assert [r["id"] for r in runs_of_old["items"]] == [run["id"]] and runs_of_new["items"] == []
+    assert listed["strict"]["latest_run"] is None and listed["strict"]["agent"] == "clerk"

@@ -79,15 +79,18 @@ def select(evals: Sequence[tuple[str, str]], names: Sequence[str], agent: str | 
 async def _local(args: argparse.Namespace) -> list[dict[str, Any]]:
     import logging
 
+    from ..compiler.compiler import Compiler
     from ..service import open_service
     from .running import settings_from
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     settings = settings_from(args).model_copy(update={"watch": False})
+    # chosen before the service opens: a mistake raised inside its task group would come out wrapped
+    compiled = Compiler(settings.definitions).compile()
+    chosen = select([(e.name, e.agent) for e in compiled.evals()], args.eval, args.agent)
     async with open_service(settings) as service:
         assert service.evals is not None
         evals = service.evals
-        chosen = select([(e.name, e.agent) for e in service.registry.current.evals()], args.eval, args.agent)
         started = [await evals.start(name, args.agent) for name in chosen]
         return [await evals.wait(run["id"]) for run in started]
 
