@@ -39,9 +39,11 @@ EVALS = f"""
     """
 
 
-def corral(*args: str, state: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def corral(*args: str, state: Path, timeout: float = 120,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "server.cli", *args], cwd=REPO, capture_output=True,
-                          text=True, env=clean_environ({"CORRAL_STATE_DIR": str(state)}), timeout=timeout)
+                          text=True, env=clean_environ({"CORRAL_STATE_DIR": str(state), **(env or {})}),
+                          timeout=timeout)
 
 
 def test_corral_eval_in_process_exit_statuses_and_json(tmp_path: Path) -> None:

@@ -95,6 +95,44 @@ async def _local(args: argparse.Namespace) -> list[dict[str, Any]]:
         return [await evals.wait(run["id"]) for run in started]
 
 
+# --- corral lock --evals ---------------------------------------------------------------------------
+
+
+def lock_evals(args: argparse.Namespace, definitions: Any) -> dict[str, dict[str, dict[str, Any]]] | None:
+    """The passing run of each Eval of each agent, for the agent's digest in `definitions`: found in
+    the state's store, else run now (in this process). None when one did not pass (it is printed)."""
+    return anyio.run(_lock_evals, args, definitions)
+
+
+async def _lock_evals(args: argparse.Namespace,
+                      definitions: Any) -> dict[str, dict[str, dict[str, Any]]] | None:
+    from ..service import open_service
+    from .running import settings_from
+
+    settings = settings_from(args).model_copy(update={"watch": False, "locked": False})
+    recorded: dict[str, dict[str, dict[str, Any]]] = {}
+    failed = False
+    async with open_service(settings) as service:
+        assert service.evals is not None
+        evals = service.evals
+        pending = []
+        for definition in sorted(definitions.evals(), key=lambda e: (e.agent, e.name)):
+            agent = definitions.get("Agent", definition.agent).digest
+            found = await evals.passing(definition.name, definition.digest, agent)
+            pending.append(found or await evals.start(definition.name, f"{definition.agent}@{agent}"))
+        for run in pending:
+            if run["status"] == "running":
+                run = await evals.wait(run["id"])
+                print_run(run)
+            else:
+                print(f"PASSED eval {run['eval']} on {run['agent']}@{run['agent_digest']}: run {run['id']} "
+                      "(recorded before)")
+            failed = failed or run["status"] != "passed"
+            recorded.setdefault(f"agent/{run['agent']}", {})[f"eval/{run['eval']}"] = {
+                "digest": run["eval_digest"], "run": run["id"], "score": run["score"]}
+    return None if failed else recorded
+
+
 # --- on a server ---------------------------------------------------------------------------------
 
 

@@ -13,12 +13,15 @@ from starlette.routing import Route
 from ..clock import iso
 from ..deployment.registry import ALIAS, AgentNotFound
 from ..errors import RequestError
+from ..evals import gates
 from .plumbing import KEEP_ALIVE, page, page_params, read_json, sse_frame, sse_response
 
 
 class SetAlias(BaseModel):
     model_config = ConfigDict(extra="forbid")
     digest: str = Field(min_length=1)
+    # from now on every move of the alias (this one too) needs passing evals (§12); absent: unchanged
+    require_evals: bool | None = None
 
 
 def _service(request: Request):
@@ -72,15 +75,28 @@ async def put_alias(request: Request) -> Response:
         raise RequestError("an alias is 1-63 of a-z 0-9 _ . - and does not start with sha256")
     body = await read_json(request, SetAlias)
     closure = await service.registry.resolve(f"{name}@{body.digest}")  # 404 unless served
+    gated = body.require_evals
+    if gated is None:
+        gated = await service.store.alias_requires_evals(name, alias)
+    if gated:
+        await gates.require(service.evals, closure.agent, f"alias {name}@{alias}")
+    if body.require_evals is not None:
+        await service.store.set_alias_rules(name, alias, require_evals=body.require_evals)
     await service.store.set_alias(name, alias, closure.agent.digest, time.time())
-    return JSONResponse({"agent": name, "alias": alias, "digest": closure.agent.digest})
+    moved = {"agent": name, "alias": alias, "digest": closure.agent.digest}
+    # the rule is shown once an alias has been given one (the shape of an ungated alias is as it was)
+    if body.require_evals is not None or gated:
+        moved["require_evals"] = gated
+    return JSONResponse(moved)
 
 
 async def list_aliases(request: Request) -> Response:
     name = request.path_params["name"]
-    items = await _service(request).store.list_aliases(name)
-    return JSONResponse({"items": [{**a, "updated_at": iso(a["updated_at"])} for a in items],
-                         "next_cursor": None})
+    store = _service(request).store
+    items = [{**a, "updated_at": iso(a["updated_at"]),
+              "require_evals": await store.alias_requires_evals(name, a["alias"])}
+             for a in await store.list_aliases(name)]
+    return JSONResponse({"items": items, "next_cursor": None})
 
 
 async def delete_alias(request: Request) -> Response:

@@ -79,7 +79,9 @@ DOCS: dict[Callable[..., Any] | type, Doc] = {
     deployments.history: Doc("Past swaps, newest first", ("invalid_request", *STORE), query=PAGE),
     deployments.server_events: Doc("Server-wide events (swaps, conversation status)", media=SSE),
     deployments.list_aliases: Doc("List an agent's aliases", STORE),
-    deployments.put_alias: Doc("Point an alias at a served digest", REF, body=deployments.SetAlias),
+    deployments.put_alias: Doc("Point an alias at a served digest (require_evals: only at one that "
+                               "passed its agent's Evals)", (*REF, "evals_required"),
+                               body=deployments.SetAlias),
     deployments.delete_alias: Doc("Remove an alias", ("agent_not_found", *STORE), status=204, media=""),
     conversations.create_conversation: Doc("Create a conversation", REF,
                                            body=conversations.CreateConversation, status=201),

@@ -102,7 +102,7 @@ async def _opened(settings: Settings) -> AsyncIterator[Service]:
     compiler = Compiler(settings.definitions)
     definitions = compiler.compile()  # DefinitionsInvalid propagates: refuse to start
     if settings.locked:
-        check_locked(definitions)
+        check_locked(definitions, settings.require_evals)
     store = open_store(settings)
     await store.open()  # a schema newer than this server knows refuses to start
     health = StoreHealth(store, settings.storage_grace_s)
@@ -163,7 +163,7 @@ def _assemble(settings: Settings, compiler: Compiler, definitions: DefinitionSet
                                   storage_grace_s=settings.storage_grace_s)
     # a swap report's busy turns are every replica's: the store knows them all
     swapper = Swapper(compiler, registry, store.running_turns, store, hub.publish_global, metrics,
-                      locked=settings.locked, replica=store.replica)
+                      locked=settings.locked, replica=store.replica, require_evals=settings.require_evals)
     replica = Replica(store, lease_s=settings.lease_s, max_attempts=settings.max_attempts, hub=hub,
                       conversations=conversations, permissions=permissions, swapper=swapper,
                       set_digest=lambda: registry.current.digest, metrics=metrics)
