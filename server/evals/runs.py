@@ -101,6 +101,18 @@ class EvalRuns:
         self._tg.start_soon(self._execute, definition, run, judge)
         return run
 
+    def start_soon(self, names: list[str]) -> None:
+        """Start a run of each eval named, in the background (on its agent's current digest)."""
+        assert self._tg is not None, "EvalRuns.run is not running"
+        self._tg.start_soon(self._start_each, names)
+
+    async def _start_each(self, names: list[str]) -> None:
+        for name in names:
+            try:
+                await self.start(name)
+            except CorralError as exc:  # gone by now (another swap), or the store failed: said, not raised
+                log.warning("eval %s could not start after a swap: %s", name, exc.message)
+
     def _judge(self, definition: EvalDefinition) -> Judge | None:
         if definition.judge is None:
             return None

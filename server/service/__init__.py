@@ -37,6 +37,7 @@ from ..deployment.swaps import Swapper, check_locked
 from ..deployment.vault import FileVault
 from ..deployment.watcher import watch
 from ..errors import CorralError
+from ..evals.on_swap import eval_on_swap
 from ..evals.runs import EvalRuns
 from ..metrics import Metrics
 from ..runtime.conversations import Conversations
@@ -172,6 +173,8 @@ def _assemble(settings: Settings, compiler: Compiler, definitions: DefinitionSet
     health.on_recovered.append(conversations.runner.record_unrecorded)
     evals = EvalRuns(store, registry, conversations, runtime, hub.publish_global,
                      max_concurrency=settings.eval_max_concurrency)
+    if settings.eval_on_swap:
+        swapper.listeners.append(eval_on_swap(evals))
     return Service(settings, compiler, registry, store, runtime, hub, metrics, conversations, swapper,
                    permissions, replica, health, evals), mcp
 
