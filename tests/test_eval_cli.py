@@ -13,7 +13,7 @@ import pytest
 from server.compiler.compiler import Compiler
 from tests.support.evals import MARKER, STUBS, agent_yaml, eval_tree
 from tests.support.servers import REPO, clean_environ, corral_server
-from tests.support.trees import write_atomic
+from tests.support.trees import copy_definitions, write_atomic
 
 EVALS = f"""
     kind: Eval
@@ -174,3 +174,15 @@ def test_an_evals_digest_covers_its_judge_not_its_agent(tmp_path: Path) -> None:
     assert digest(same_meaning, "Eval", "bad") == digest(judge_edited, "Eval", "bad")
     assert dict(first.get("Eval", "good").closure) == {"model/judge": digest(first, "Model", "judge")}
     assert "eval/good" in first.digests()
+
+
+def test_the_evals_example_passes_and_its_lock_records_the_run(tmp_path: Path) -> None:
+    defs = copy_definitions(REPO / "examples" / "evals", tmp_path / "evals")
+    state = tmp_path / "state"
+    locked = corral("lock", str(defs), "--evals", state=state)
+    checked = corral("lock", str(defs), "--check", "--require-evals", state=state)
+    assert locked.returncode == 0, locked.stdout + locked.stderr
+    assert locked.stdout.count("  PASS support-basics/") == 3
+    lock = json.loads((defs / "corral.lock").read_text())
+    assert set(lock["evals"]["agent/support"]) == {"eval/support-basics"}
+    assert checked.returncode == 0, checked.stdout
