@@ -16,9 +16,9 @@ import pytest
 
 from tests.support.evals import MARKER, STUBS, agent_yaml, by_case, eval_tree, run_eval
 from tests.support.events import named, server_events
-from tests.support.servers import corral_server
+from tests.support.servers import ServerProcess, corral_server
 from tests.support.swaps import reload
-from tests.support.trees import write_atomic
+from tests.support.trees import gated_definitions, open_gate, write_atomic, write_tree
 
 pytestmark = pytest.mark.anyio
 
@@ -292,3 +292,31 @@ async def test_an_edit_leaves_the_new_digest_unevaluated_and_the_old_result_read
     assert pinned["digest"] == old and {e["name"]: e["passed"] for e in pinned["items"]}["strict"] is False
     assert [r["id"] for r in runs_of_old["items"]] == [run["id"]] and runs_of_new["items"] == []
     assert listed["strict"]["latest_run"] is None and listed["strict"]["agent"] == "clerk"
+
+
+async def test_a_run_cut_off_by_a_stop_ends_as_an_error_at_the_next_start(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    defs = gated_definitions(tmp_path / "defs")
+    write_tree(defs, {"evals.yaml": f"""
+        kind: Eval
+        name: gate
+        agent: gated
+        cases:
+          - name: waits
+            input: wait {gate}
+        """})
+    try:
+        with anyio.fail_after(90):
+            with ServerProcess(defs, tmp_path / "state") as server:
+                server.start()
+                async with client_for(server.url) as client:
+                    started = (await client.post("/v1/evals/gate/runs", json={})).json()
+                server.kill()
+            with ServerProcess(defs, tmp_path / "state") as server:
+                server.start()
+                async with client_for(server.url) as client:
+                    after = (await client.get(f"/v1/evals/runs/{started['id']}")).json()
+    finally:
+        open_gate(gate)  # the killed server's gate tool, left waiting, ends
+    assert started["status"] == "running"
+    assert after["status"] == "error" and after["ended_at"] is not None

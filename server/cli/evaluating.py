@@ -59,7 +59,7 @@ def print_run(run: dict[str, Any]) -> None:
         detail = f": {'; '.join(case['failures'])}" if case["failures"] else ""
         print(f"  {mark} {run['eval']}/{case['name']}{detail}")
     print(f"{run['status'].upper()} eval {run['eval']} on {run['agent']}@{run['agent_digest']}: "
-          f"score {run['score']:.2f}, threshold {run['threshold']} (run {run['id']})")
+          f"score {run['score'] or 0:.2f}, threshold {run['threshold']} (run {run['id']})")
 
 
 def select(evals: Sequence[tuple[str, str]], names: Sequence[str], agent: str | None) -> list[str]:

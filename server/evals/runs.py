@@ -65,10 +65,18 @@ class EvalRuns:
 
     async def run(self, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         """Own the task group runs go on in, until cancelled."""
+        if self.store.embedded:  # one process per store: a run still `running` was cut off by its stop
+            await self._end_abandoned()
         async with anyio.create_task_group() as tg:
             self._tg = tg
             task_status.started()
             await anyio.sleep_forever()
+
+    async def _end_abandoned(self) -> None:
+        for run in await self.store.list_eval_runs(EvalRunQuery(status="running", limit=1000)):
+            cases = [{**c, "passed": False} for c in run["cases"]]
+            log.warning("eval run %s was cut off by the server's stop: it ends as an error", run["id"])
+            await self._end({**run, "status": "error", "cases": cases, "ended_at": iso(time.time())})
 
     # --- starting ------------------------------------------------------------
 
