@@ -118,7 +118,7 @@ async def test_an_alias_that_requires_evals_refuses_a_digest_without_them(tmp_pa
     gaps = failed.json()["error"]["details"]["missing"]
     assert [(m["eval"], m["status"]) for m in gaps] == [("echoes", "failed")]
     assert allowed.status_code == 200 and allowed.json() == {"agent": "clerk", "alias": "prod", "digest": v1,
-                                                             "require_evals": True}
+                                                             "require_evals": True, "canary": None}
     assert (moved.status_code, moved.json()["error"]["code"]) == (409, "evals_required")
     assert {a["alias"]: (a["digest"], a["require_evals"]) for a in aliases} == {"dev": (v1, False),
                                                                                 "prod": (v1, True)}

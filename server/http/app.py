@@ -18,6 +18,7 @@ from ..service import open_service
 from ..settings import Settings
 from . import (
     agents,
+    canaries,
     closures,
     console,
     conversations,
@@ -52,6 +53,7 @@ def create_app(settings: Settings) -> Starlette:
     routes = [
         *health.routes,
         *deployments.routes,
+        *canaries.routes,
         *agents.routes,
         *closures.routes,
         *conversations.routes,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
@@ -13,7 +14,8 @@ from starlette.routing import Route
 from ..clock import iso
 from ..deployment.registry import ALIAS, AgentNotFound
 from ..errors import RequestError
-from ..evals import gates
+from ..store.evals import AliasRules
+from . import canaries
 from .plumbing import KEEP_ALIVE, page, page_params, read_json, sse_frame, sse_response
 
 
@@ -22,6 +24,8 @@ class SetAlias(BaseModel):
     digest: str = Field(min_length=1)
     # from now on every move of the alias (this one too) needs passing evals (§12); absent: unchanged
     require_evals: bool | None = None
+    # a share of new conversations on the alias goes to this digest (§12); absent: unchanged; null: none
+    canary: canaries.Canary | None = None
 
 
 def _service(request: Request):
@@ -75,27 +79,21 @@ async def put_alias(request: Request) -> Response:
         raise RequestError("an alias is 1-63 of a-z 0-9 _ . - and does not start with sha256")
     body = await read_json(request, SetAlias)
     closure = await service.registry.resolve(f"{name}@{body.digest}")  # 404 unless served
-    gated = body.require_evals
-    if gated is None:
-        gated = await service.store.alias_requires_evals(name, alias)
-    if gated:
-        await gates.require(service.evals, closure.agent, f"alias {name}@{alias}")
-    if body.require_evals is not None:
-        await service.store.set_alias_rules(name, alias, require_evals=body.require_evals)
+    rules = await canaries.moved_rules(service, name, alias, body, closure.agent)
+    if rules != await service.store.get_alias_rules(name, alias):
+        await service.store.set_alias_rules(name, alias, rules)
     await service.store.set_alias(name, alias, closure.agent.digest, time.time())
-    moved = {"agent": name, "alias": alias, "digest": closure.agent.digest}
-    # the rule is shown once an alias has been given one (the shape of an ungated alias is as it was)
-    if body.require_evals is not None or gated:
-        moved["require_evals"] = gated
+    moved: dict[str, Any] = {"agent": name, "alias": alias, "digest": closure.agent.digest}
+    # the rules are shown once an alias has some (the answer for a plain alias keeps its shape)
+    if body.model_fields_set - {"digest"} or rules != AliasRules():
+        moved |= {"require_evals": rules.require_evals, "canary": canaries.canary_json(rules)}
     return JSONResponse(moved)
 
 
 async def list_aliases(request: Request) -> Response:
     name = request.path_params["name"]
     store = _service(request).store
-    items = [{**a, "updated_at": iso(a["updated_at"]),
-              "require_evals": await store.alias_requires_evals(name, a["alias"])}
-             for a in await store.list_aliases(name)]
+    items = [await canaries.alias_json(store, name, a) for a in await store.list_aliases(name)]
     return JSONResponse({"items": items, "next_cursor": None})
 
 

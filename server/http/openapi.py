@@ -27,7 +27,18 @@ from starlette.routing import BaseRoute, Route
 
 from .. import __version__
 from ..errors import ERRORS, TURN_FAILURES, forms
-from . import agents, closures, conversations, deployments, evals, health, openai_compat, permissions, turns
+from . import (
+    agents,
+    canaries,
+    closures,
+    conversations,
+    deployments,
+    evals,
+    health,
+    openai_compat,
+    permissions,
+    turns,
+)
 from .browsers import BODY_METHODS
 from .guards import OPEN_PATHS
 
@@ -78,10 +89,14 @@ DOCS: dict[Callable[..., Any] | type, Doc] = {
     deployments.list_replicas: Doc("The replicas serving this state (heartbeat, set digest, turns)", STORE),
     deployments.history: Doc("Past swaps, newest first", ("invalid_request", *STORE), query=PAGE),
     deployments.server_events: Doc("Server-wide events (swaps, conversation status)", media=SSE),
-    deployments.list_aliases: Doc("List an agent's aliases", STORE),
+    deployments.list_aliases: Doc("List an agent's aliases, each with its rules, its canary and, per side, "
+                                  "the conversations created and their turns completed and failed", STORE),
     deployments.put_alias: Doc("Point an alias at a served digest (require_evals: only at one that "
-                               "passed its agent's Evals)", (*REF, "evals_required"),
-                               body=deployments.SetAlias),
+                               "passed its agent's Evals; canary: a share of new conversations elsewhere)",
+                               (*REF, "evals_required"), body=deployments.SetAlias),
+    canaries.promote: Doc("Move an alias to its canary (gated like any move) and end the canary",
+                          (*REF, "conflict", "evals_required")),
+    canaries.end_canary: Doc("End an alias's canary", ("not_found", *STORE), status=204, media=""),
     deployments.delete_alias: Doc("Remove an alias", ("agent_not_found", *STORE), status=204, media=""),
     conversations.create_conversation: Doc("Create a conversation", REF,
                                            body=conversations.CreateConversation, status=201),

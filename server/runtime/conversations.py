@@ -27,6 +27,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from ..compiler.definitions import Closure
+from ..deployment import canaries
 from ..deployment.registry import Registry, split_ref
 from ..errors import (
     ConversationBusy,
@@ -135,6 +136,8 @@ class Conversations:
     async def create(self, agent: str, title: str | None, metadata: dict[str, Any]) -> ConversationRecord:
         if title is not None and "\x00" in title:
             raise RequestError("the title must not contain NUL characters")
+        drawn = await canaries.draw(self.store, agent)  # an alias with a canary: pinned to the side drawn
+        agent = drawn.ref if drawn is not None else agent
         closure = await self.registry.resolve(agent)
         now = time.time()
         record = ConversationRecord(
@@ -143,6 +146,8 @@ class Conversations:
             status="idle", created_at=now, updated_at=now,
         )
         await self.store.create_conversation(record)
+        if drawn is not None:
+            await drawn.record(self.store, record.id)
         return record
 
     async def get(self, conversation_id: str) -> ConversationRecord:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .evals import EvalRunQuery, run_columns
+from .evals import CANARY_COUNTS, AliasRules, EvalRunQuery, counts, run_columns
 from .postgres_pool import PostgresBase
 
 
@@ -33,12 +33,23 @@ class EvalTables(PostgresBase):
                                 f" LIMIT {int(query.limit)}", *args)
         return [json.loads(row[0]) for row in rows]
 
-    async def set_alias_rules(self, agent: str, alias: str, *, require_evals: bool) -> None:
-        await self._write("INSERT INTO alias_rules (agent, alias, require_evals) VALUES ($1, $2, $3)"
-                          " ON CONFLICT (agent, alias) DO UPDATE SET require_evals = excluded.require_evals",
-                          agent, alias, require_evals)
+    async def set_alias_rules(self, agent: str, alias: str, rules: AliasRules) -> None:
+        await self._write("INSERT INTO alias_rules (agent, alias, require_evals, canary_digest,"
+                          " canary_weight) VALUES ($1, $2, $3, $4, $5)"
+                          " ON CONFLICT (agent, alias) DO UPDATE SET require_evals = excluded.require_evals,"
+                          " canary_digest = excluded.canary_digest,"
+                          " canary_weight = excluded.canary_weight",
+                          agent, alias, rules.require_evals, rules.canary_digest, rules.canary_weight)
 
-    async def alias_requires_evals(self, agent: str, alias: str) -> bool:
-        row = await self._read_row("SELECT require_evals FROM alias_rules WHERE agent = $1 AND alias = $2",
-                                   agent, alias)
-        return bool(row and row[0])
+    async def get_alias_rules(self, agent: str, alias: str) -> AliasRules:
+        row = await self._read_row("SELECT require_evals, canary_digest, canary_weight FROM alias_rules"
+                                   " WHERE agent = $1 AND alias = $2", agent, alias)
+        return AliasRules() if row is None else AliasRules(bool(row[0]), row[1], row[2])
+
+    async def record_canary_draw(self, agent: str, alias: str, conversation_id: str, digest: str,
+                                 now: float) -> None:
+        await self._write("INSERT INTO canary_draws (conversation_id, agent, alias, digest, created_at)"
+                          " VALUES ($1, $2, $3, $4, $5)", conversation_id, agent, alias, digest, now)
+
+    async def canary_counts(self, agent: str, alias: str) -> dict[str, dict[str, int]]:
+        return counts(await self._read(CANARY_COUNTS.format("$1", "$2"), agent, alias))

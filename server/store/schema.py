@@ -215,7 +215,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX messages_by_turn ON messages (conversation_id, turn_id, seq)",
         *SHARE_COPIES,
     ),
-    # 11: eval runs (§12), and the rules an alias follows (require_evals)
+    # 11: eval runs (§12); the rules an alias follows (require_evals, a canary) and the side each
+    # conversation created on an alias with a canary drew
     (
         """CREATE TABLE eval_runs (
             id TEXT PRIMARY KEY,
@@ -232,8 +233,18 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             agent TEXT NOT NULL,
             alias TEXT NOT NULL,
             require_evals INTEGER NOT NULL,
+            canary_digest TEXT,
+            canary_weight REAL,
             PRIMARY KEY (agent, alias)
         )""",
+        """CREATE TABLE canary_draws (
+            conversation_id TEXT PRIMARY KEY,
+            agent TEXT NOT NULL,
+            alias TEXT NOT NULL,
+            digest TEXT NOT NULL,
+            created_at REAL NOT NULL
+        )""",
+        "CREATE INDEX canary_draws_by_alias ON canary_draws (agent, alias, digest)",
     ),
 )
 

@@ -11,7 +11,7 @@ import sqlite3
 from contextlib import AbstractContextManager
 from typing import Any
 
-from .evals import EvalRunQuery, run_columns
+from .evals import CANARY_COUNTS, AliasRules, EvalRunQuery, counts, run_columns
 
 
 class EvalTables:
@@ -43,13 +43,24 @@ class EvalTables:
                                 f" LIMIT {int(query.limit)}", args)
         return [json.loads(row[0]) for row in rows]
 
-    async def set_alias_rules(self, agent: str, alias: str, *, require_evals: bool) -> None:
+    async def set_alias_rules(self, agent: str, alias: str, rules: AliasRules) -> None:
         with self._write() as db:
-            db.execute("INSERT INTO alias_rules (agent, alias, require_evals) VALUES (?, ?, ?)"
-                       " ON CONFLICT (agent, alias) DO UPDATE SET require_evals = excluded.require_evals",
-                       (agent, alias, int(require_evals)))
+            db.execute("INSERT INTO alias_rules (agent, alias, require_evals, canary_digest, canary_weight)"
+                       " VALUES (?, ?, ?, ?, ?) ON CONFLICT (agent, alias) DO UPDATE SET"
+                       " require_evals = excluded.require_evals, canary_digest = excluded.canary_digest,"
+                       " canary_weight = excluded.canary_weight",
+                       (agent, alias, int(rules.require_evals), rules.canary_digest, rules.canary_weight))
 
-    async def alias_requires_evals(self, agent: str, alias: str) -> bool:
-        row = self._db.execute("SELECT require_evals FROM alias_rules WHERE agent = ? AND alias = ?",
-                               (agent, alias)).fetchone()
-        return bool(row and row[0])
+    async def get_alias_rules(self, agent: str, alias: str) -> AliasRules:
+        row = self._db.execute("SELECT require_evals, canary_digest, canary_weight FROM alias_rules"
+                               " WHERE agent = ? AND alias = ?", (agent, alias)).fetchone()
+        return AliasRules() if row is None else AliasRules(bool(row[0]), row[1], row[2])
+
+    async def record_canary_draw(self, agent: str, alias: str, conversation_id: str, digest: str,
+                                 now: float) -> None:
+        with self._write() as db:
+            db.execute("INSERT INTO canary_draws (conversation_id, agent, alias, digest, created_at)"
+                       " VALUES (?, ?, ?, ?, ?)", (conversation_id, agent, alias, digest, now))
+
+    async def canary_counts(self, agent: str, alias: str) -> dict[str, dict[str, int]]:
+        return counts(self._db.execute(CANARY_COUNTS.format("?", "?"), (agent, alias)))
