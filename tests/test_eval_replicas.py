@@ -1,4 +1,5 @@
-"""Eval runs over PostgreSQL with two replicas (§12): a run started on one is read and awaited on the other.
+"""Eval runs over PostgreSQL with two replicas (§12): a run started on one is read, awaited and announced
+(`eval.started`, `eval.finished` on `/v1/events`) on the other.
 
 The case waits at a gate (a tool that returns once a file exists), so the run
 is still running on replica `a` while the test reads it through `b`, then
@@ -13,6 +14,7 @@ import anyio
 import httpx
 import pytest
 
+from tests.support.events import named, server_events
 from tests.support.postgres import PostgresServer
 from tests.support.servers import ServerProcess
 from tests.support.trees import gated_definitions, open_gate, write_tree
@@ -45,8 +47,10 @@ async def test_a_run_started_on_one_replica_is_read_and_awaited_on_the_other(
             a.start(timeout_s=60)
             b.start(timeout_s=60)
             with anyio.fail_after(90):
-                async with client_for(a.url) as on_a, client_for(b.url) as on_b:
+                async with client_for(a.url) as on_a, client_for(b.url) as on_b, \
+                        server_events(on_b) as events_on_b:
                     started = (await on_a.post("/v1/evals/gate/runs", json={})).json()
+                    announced = await events_on_b.wait(named("eval.started"))
                     read_on_b = (await on_b.get(f"/v1/evals/runs/{started['id']}")).json()
                     listed_on_b = (await on_b.get("/v1/evals/gate/runs")).json()["items"]
                     async with anyio.create_task_group() as tg:
@@ -60,11 +64,13 @@ async def test_a_run_started_on_one_replica_is_read_and_awaited_on_the_other(
                         tg.start_soon(wait_on_b)
                         open_gate(gate)
                     on_a_after = (await on_a.get(f"/v1/evals/runs/{started['id']}")).json()
+                    finished_on_b = await events_on_b.wait(named("eval.finished"))
                     agent_on_b = (await on_b.get("/v1/agents/gated/evals")).json()
     finally:
         postgres_server.drop_database(database)
 
     assert read_on_b["status"] == "running" and read_on_b["id"] == started["id"]
+    assert announced.data["run"]["id"] == started["id"] and finished_on_b.data["run"] == on_a_after
     assert [r["id"] for r in listed_on_b] == [started["id"]]
     assert awaited[-1]["status"] == "passed" and awaited[-1] == on_a_after
     assert {e["name"]: e["passed"] for e in agent_on_b["items"]} == {"gate": True}

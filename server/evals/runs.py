@@ -4,8 +4,11 @@
 reference, to one exact digest), stores the run `running`, announces
 `eval.started` on `/v1/events`, and runs it in its own task group; its end
 is stored once (`Store.end_eval_run` changes only a running run) and
-announced as `eval.finished`. `wait` follows a run to its end: here through
-an event, a run another replica started through the store.
+announced as `eval.finished`. Both are told to the other replicas too (an
+`eval` notice naming the run), which read the run from the store and
+announce it on their own `/v1/events`. `wait` follows a run to its end: here
+through an event; a run another replica runs, woken by its notice (and
+reading the store every `RECHECK_S` in case a notice was lost).
 
 Cost bounds: each case runs `repeat` times; at most the eval's
 `max_concurrency` of them at once, and at most `CORRAL_EVAL_MAX_CONCURRENCY`
@@ -39,7 +42,7 @@ from .judge import Judge, judge_chain
 from .stand_ins import EvalStandIns
 
 log = logging.getLogger("corral.evals")
-POLL_S = 0.2  # how often a run another replica runs is looked up while waited for
+RECHECK_S = 1.0  # a run another replica runs is read again this often while waited for
 
 Publish = Callable[[str, dict[str, Any]], None]
 
@@ -61,6 +64,10 @@ class EvalRuns:
         runtime.stand_ins = self.stand_ins
         self._tg: TaskGroup | None = None
         self._ended: dict[str, anyio.Event] = {}
+        self._elsewhere: dict[str, anyio.Event] = {}  # runs of other replicas waited for here
+        # notices arrive in the store's callbacks, outside any task: handed to `_relay_notices`
+        self._notices, self._arrived = anyio.create_memory_object_stream[dict[str, Any]](256)
+        store.subscribe(self._on_notice)
         self.listeners: list[Callable[[dict[str, Any]], Any]] = []  # told of each run that ends
 
     async def run(self, task_status=anyio.TASK_STATUS_IGNORED) -> None:
@@ -69,6 +76,7 @@ class EvalRuns:
             await self._end_abandoned()
         async with anyio.create_task_group() as tg:
             self._tg = tg
+            tg.start_soon(self._relay_notices)
             task_status.started()
             await anyio.sleep_forever()
 
@@ -104,7 +112,7 @@ class EvalRuns:
         }
         await self.store.save_eval_run(run, now)
         self._ended[run["id"]] = anyio.Event()
-        self.publish("eval.started", {"run": run})
+        await self._announce("eval.started", run)
         assert self._tg is not None, "EvalRuns.run is not running"
         self._tg.start_soon(self._execute, definition, run, judge)
         return run
@@ -163,12 +171,49 @@ class EvalRuns:
             log.error("eval run %s ended %s but could not be stored: %s", run["id"], run["status"], exc)
         log.info("eval %s on %s: %s (score %s)", run["eval"], run["agent_digest"], run["status"],
                  run["score"])
-        self.publish("eval.finished", {"run": run})
+        await self._announce("eval.finished", run)
         event = self._ended.pop(run["id"], None)
         if event is not None:
             event.set()
         for listener in self.listeners:
             listener(run)
+
+    # --- across replicas ------------------------------------------------------------
+
+    async def _announce(self, name: str, run: dict[str, Any]) -> None:
+        self.publish(name, {"run": run})
+        try:
+            await self.store.notify({"t": "eval", "e": name, "id": run["id"]})
+        except CorralError as exc:  # the others miss the event; their readers still find the run stored
+            log.warning("the other replicas were not told of eval run %s: %s", run["id"], exc.message)
+
+    def _on_notice(self, notice: dict[str, Any]) -> None:
+        if notice.get("t") in ("eval", "resync"):
+            try:
+                self._notices.send_nowait(notice)
+            except anyio.WouldBlock:  # far behind: the waiters' own rereads cover what is dropped
+                log.warning("an eval notice was dropped: too many arrived at once")
+
+    async def _relay_notices(self) -> None:
+        async for notice in self._arrived:
+            if notice.get("t") == "resync":  # notices may have been lost: every waiter reads the store
+                for event in self._elsewhere.values():
+                    event.set()
+            else:
+                await self._relay(str(notice.get("e")), str(notice.get("id")))
+
+    async def _relay(self, name: str, run_id: str) -> None:
+        """Another replica's run started or ended: announce it here, wake who waits for it."""
+        try:
+            run = await self.store.get_eval_run(run_id)
+        except CorralError as exc:
+            log.warning("eval run %s of another replica could not be read: %s", run_id, exc.message)
+            return
+        if run is not None and name in ("eval.started", "eval.finished"):
+            self.publish(name, {"run": run})
+        event = self._elsewhere.get(run_id)
+        if event is not None and name == "eval.finished":
+            event.set()
 
     # --- reading -----------------------------------------------------------------
 
@@ -182,10 +227,19 @@ class EvalRuns:
                 event = self._ended.get(run_id)
                 if event is not None:
                     await event.wait()
-                else:  # running on another replica: the store says when it ended
-                    await anyio.sleep(POLL_S)
+                else:  # running on another replica: its notice says when it ended
+                    await self._wait_elsewhere(run_id)
                 run = await self.store.get_eval_run(run_id) or run
         return run
+
+    async def _wait_elsewhere(self, run_id: str) -> None:
+        event = self._elsewhere.setdefault(run_id, anyio.Event())
+        try:
+            with anyio.move_on_after(RECHECK_S):
+                await event.wait()
+        finally:
+            if self._elsewhere.get(run_id) is event:
+                del self._elsewhere[run_id]
 
     async def wait(self, run_id: str) -> dict[str, Any]:
         return await self.get(run_id, wait=float("inf"))
