@@ -8,11 +8,12 @@ import sys
 from pathlib import Path
 
 import anyio
+import httpx
 import pytest
 
 from server.compiler.compiler import Compiler
 from tests.support.evals import MARKER, STUBS, agent_yaml, eval_tree
-from tests.support.servers import REPO, clean_environ, corral_server
+from tests.support.servers import REPO, ServerProcess, clean_environ, corral_server
 from tests.support.trees import copy_definitions, write_atomic
 
 EVALS = f"""
@@ -186,3 +187,15 @@ def test_the_evals_example_passes_and_its_lock_records_the_run(tmp_path: Path) -
     lock = json.loads((defs / "corral.lock").read_text())
     assert set(lock["evals"]["agent/support"]) == {"eval/support-basics"}
     assert checked.returncode == 0, checked.stdout
+
+
+def test_corral_eval_on_a_state_a_server_owns_runs_on_that_server(tmp_path: Path) -> None:
+    defs = eval_tree(tmp_path / "defs", EVALS)
+    state = tmp_path / "state"
+    with ServerProcess(defs, state) as server:
+        server.start()
+        done = corral("eval", str(defs), "--eval", "good", "--json", state=state)
+        runs = httpx.get(server.url + "/v1/evals/good/runs", timeout=10, trust_env=False).json()["items"]
+    assert done.returncode == 0, done.stderr
+    assert f"a server at {server.url} owns the state directory" in done.stderr
+    assert [r["id"] for r in json.loads(done.stdout)] == [r["id"] for r in runs]

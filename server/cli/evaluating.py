@@ -4,7 +4,8 @@ Selects the evals of the directory (all; those named by `--eval`; or those
 whose agent is `--agent`'s), runs each on its agent's current digest or on
 `--agent REF`, prints a line per case and a verdict per eval (`--json`: the
 runs), and exits 0 when all passed, 1 when one failed, 3 when a run could
-not be judged (a model unreachable, a definition gone).
+not be judged (a model unreachable, a definition gone). In-process on a
+state directory a server owns, it runs them on that server instead.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 import anyio
 import httpx
 
-from ..errors import EXIT_FAILED, EXIT_UNAVAILABLE, CorralError
+from ..errors import EXIT_FAILED, EXIT_UNAVAILABLE, CorralError, StateOwned
 
 POLL_WAIT_S = 60  # ?wait=S of each read of a run on a server
 
@@ -39,7 +40,14 @@ def add_eval_verb(verbs: argparse._SubParsersAction,
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    runs = anyio.run(_remote if args.url else _local, args)
+    try:
+        runs = anyio.run(_remote if args.url else _local, args)
+    except StateOwned as exc:  # a server owns this state: the evals run there, on what it serves
+        if args.url or not exc.url:
+            raise
+        print(f"(a server at {exc.url} owns the state directory: the evals run there)", file=sys.stderr)
+        args.url = exc.url
+        runs = anyio.run(_remote, args)
     if args.json:
         print(json.dumps(runs, indent=2))
     else:
