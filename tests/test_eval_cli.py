@@ -199,3 +199,12 @@ def test_corral_eval_on_a_state_a_server_owns_runs_on_that_server(tmp_path: Path
     assert done.returncode == 0, done.stderr
     assert f"a server at {server.url} owns the state directory" in done.stderr
     assert [r["id"] for r in json.loads(done.stdout)] == [r["id"] for r in runs]
+
+
+def test_the_schema_of_a_definition_document_knows_evals(tmp_path: Path) -> None:
+    done = corral("schema", state=tmp_path / "state")
+    schema = json.loads(done.stdout)
+    assert "Eval" in schema["properties"]["kind"]["enum"]
+    case = schema["$defs"]["EvalCase"]["properties"]
+    assert {"name", "input", "tool_results", "expect"} <= set(case)
+    assert "schema" in schema["$defs"]["OutputExpectation"]["properties"]  # as the author writes it

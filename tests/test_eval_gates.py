@@ -72,6 +72,14 @@ def test_lock_evals_records_passing_runs_and_require_evals_checks_them(tmp_path:
     with ServerProcess(defs, state, args=("--no-watch", "--locked", "--require-evals")) as server:
         server.start()
         assert httpx.get(server.url + "/v1/agents/clerk", timeout=10).status_code == 200
+        # a lock that loses its evals is refused by a swap too, as at start
+        without = {k: v for k, v in lock.items() if k != "evals"}
+        write_atomic(defs / "corral.lock", json.dumps(without, indent=2, sort_keys=True) + "\n")
+        report = httpx.post(server.url + "/v1/definitions/reload", timeout=30).json()
+        write_atomic(defs / "corral.lock", json.dumps(lock, indent=2, sort_keys=True) + "\n")
+    assert report["status"] == "rejected"
+    assert {e["code"] for e in report["errors"]} == {"evals_required"}
+    assert {e["eval"] for e in report["errors"]} == {"answers", "echoes"}
 
     write_atomic(defs / "agent.yaml", agent_yaml(reply_prefix="v2 "))
     relocked = corral("lock", str(defs), state=state)  # the agent changed: its recorded runs no longer hold
