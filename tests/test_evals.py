@@ -320,3 +320,48 @@ async def test_a_run_cut_off_by_a_stop_ends_as_an_error_at_the_next_start(tmp_pa
         open_gate(gate)  # the killed server's gate tool, left waiting, ends
     assert started["status"] == "running"
     assert after["status"] == "error" and after["ended_at"] is not None
+
+
+ASKING = """
+    kind: Model
+    name: deployer-model
+    provider: scripted
+    script:
+      - when: "^deploy (?P<target>\\\\w+)"
+        tool_call: {name: deploy, arguments: {target: "{target}"}}
+        reply: "deploy says: {tool_result}"
+    ---
+    kind: Tool
+    name: deploy
+    permission: ask
+    input_schema: {type: object, properties: {target: {type: string}}, required: [target]}
+    command: {argv: [sh, -c, "touch MARKER; echo deployed {target}"]}
+    ---
+    kind: Agent
+    name: deployer
+    model: deployer-model
+    tools: [deploy]
+    ---
+    kind: Eval
+    name: deploys
+    agent: deployer
+    cases:
+      - name: prod
+        input: deploy prod
+        tool_results: {deploy: "queued prod"}
+        expect:
+          tools: [{name: deploy, input: {target: prod}}]
+          output: {equals: "deploy says: queued prod"}
+    """
+
+
+async def test_a_tool_that_asks_a_person_asks_no_one_when_its_result_is_given(tmp_path: Path) -> None:
+    marker = tmp_path / "deploy.marker"
+    defs = write_tree(tmp_path / "defs", {"deployer.yaml": ASKING.replace("MARKER", str(marker))})
+    with anyio.fail_after(60), corral_server(defs, tmp_path / "state") as url:
+        async with client_for(url) as client:
+            run = await run_eval(client, "deploys")
+            [conversation_id] = run["cases"][0]["conversation_ids"]
+            asked = (await client.get(f"/v1/conversations/{conversation_id}/permissions")).json()["items"]
+    assert run["status"] == "passed", run
+    assert asked == [] and not marker.exists()

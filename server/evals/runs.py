@@ -39,7 +39,7 @@ from ..store.base import Store
 from ..store.evals import EvalRunQuery
 from .cases import CaseContext, CaseRun, run_case
 from .judge import Judge, judge_chain
-from .stand_ins import EvalStandIns
+from .stand_ins import EvalStandIns, StandInPermissions
 
 log = logging.getLogger("corral.evals")
 RECHECK_S = 1.0  # a run another replica runs is read again this often while waited for
@@ -62,6 +62,8 @@ class EvalRuns:
         self.limiter = anyio.CapacityLimiter(max_concurrency)
         self.stand_ins = EvalStandIns(store)
         runtime.stand_ins = self.stand_ins
+        if runtime.permissions is not None:  # a call whose result is given asks no person
+            runtime.permissions = StandInPermissions(runtime.permissions, self.stand_ins)  # type: ignore[assignment]
         self._tg: TaskGroup | None = None
         self._ended: dict[str, anyio.Event] = {}
         self._elsewhere: dict[str, anyio.Event] = {}  # runs of other replicas waited for here

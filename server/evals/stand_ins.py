@@ -7,6 +7,10 @@ through the store: the conversation's `corral_eval` mark names the run, the
 run its eval digest, the stored eval its case. So a tool given a result in a
 case never runs, wherever the turn goes on. Any other conversation is looked
 up once and then remembered as having none (a bounded memory).
+
+`StandInPermissions` wraps the permission broker the same way: a call that
+will not run (its result is given) asks no person, whatever the tool's
+`permission: ask`; its hooks and a `deny` still apply, as they would.
 """
 
 from __future__ import annotations
@@ -59,6 +63,24 @@ class EvalStandIns:
             if case.get("name") == mark.get("case"):
                 return dict(case.get("tool_results") or {})
         return _REFUSED
+
+
+class StandInPermissions:
+    """The permission broker, answering `ask` itself for a call whose result an eval case gives."""
+
+    def __init__(self, broker: Any, stand_ins: EvalStandIns):
+        self.broker = broker
+        self.stand_ins = stand_ins
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.broker, name)
+
+    async def request(self, ctx: Any, tool: str, arguments: dict[str, Any],
+                      reason: str | None) -> tuple[bool, str]:
+        given = await self.stand_ins.results(ctx.conversation_id)
+        if given is not None and tool in given:
+            return True, "its result is given by the eval case: it does not run"
+        return await self.broker.request(ctx, tool, arguments, reason)
 
 
 class _Refused(dict):
