@@ -2,7 +2,8 @@
 
 An agent's page shows each of its Evals on the shown digest (not run, then
 passed once run from the page); a swap with `--eval-on-swap` shows its runs
-beside it in the live feed; the diff of two digests shows the evals of both (the edit makes the eval fail).
+beside it in the live feed; the diff of two digests shows the evals of both (the edit makes the eval fail);
+an alias's canary shows with its sides, and Promote moves the alias to it.
 """
 
 from __future__ import annotations
@@ -65,5 +66,21 @@ async def test_the_console_shows_eval_results_beside_each_digest(tmp_path: Path)
                 table = compared.locator(".evals-diff table")
                 await expect(table.get_by_role("row").filter(has_text="answers")).to_contain_text("passed")
                 await expect(table.get_by_role("row").filter(has_text="answers")).to_contain_text("failed")
+
+                # a canary on @prod: shown with its sides; Promote moves the alias to it
+                v1 = next(c["from"] for c in report["changes"] if c["kind"] == "Agent")
+                v2 = next(c["to"] for c in report["changes"] if c["kind"] == "Agent")
+                put = await client.put("/v1/agents/clerk/aliases/prod",
+                                       json={"digest": v1, "canary": {"digest": v2, "weight": 0.5}})
+                assert put.status_code == 200, put.text
+                await page.goto(url + "/console#/agent/clerk@" + v1)
+                aliases = page.get_by_role("region", name="Aliases")
+                canary = aliases.get_by_label("Canary of prod", exact=True)
+                await expect(canary).to_contain_text("canary 50%")
+                await expect(canary.get_by_title(v2)).to_be_visible()
+                await canary.get_by_role("button", name="Promote the canary of prod").click()
+                await expect(aliases.get_by_label("Canary of prod", exact=True)).to_have_count(0)
+                prod = aliases.get_by_role("row").filter(has_text="@prod")
+                await expect(prod.get_by_title(v2)).to_be_visible()
     assert seen.errors == []
     assert seen.hosts() == {url.removeprefix("http://")}

@@ -118,7 +118,8 @@ function renderAliases(box, name, changed) {
   const aliases = state.aliases.get(name) || [];
   const rows = aliases.map((a) => {
     const back = digestBefore(name, a.digest);
-    return [h("strong.mono", {}, `@${a.alias}`), digest(a.digest), time(a.updated_at),
+    return [h("strong.mono", {}, `@${a.alias}`), [digest(a.digest), canaryLine(name, a, changed)],
+      time(a.updated_at),
       h("div.row-actions", {},
         h("button.small", { type: "button", disabled: !back, "aria-label": `Roll back ${a.alias}`,
           title: back ? `Point @${a.alias} at ${back}, the digest served before this one`
@@ -139,6 +140,27 @@ function renderAliases(box, name, changed) {
     h("button.primary", { type: "submit" }, "Point alias"));
   fill(box, rows.length ? table(["Alias", "Digest", "Updated", ""], rows)
     : h("p.muted", {}, `No aliases yet: point one at a digest, then chat with ${name}@ALIAS.`), form);
+}
+
+/** An alias's canary: its digest and weight, each side's conversations and turns, Promote and End. */
+function canaryLine(name, a, changed) {
+  if (!a.canary) return a.require_evals ? h("div.sub", {}, "requires passing evals") : null;
+  const side = (s) => (s ? `${s.conversations} conv., ${s.turns_completed} ok, ${s.turns_failed} failed` : "");
+  const act = (method, suffix, what) => async () => {
+    const done = await attempt(() => api(path(`/v1/agents/{}/aliases/{}/${suffix}`, name, a.alias), { method }),
+      what);
+    if (done === undefined) return;
+    await attempt(() => loadAliases(name), "Aliases");
+    changed();
+  };
+  return h("div.canary", { "aria-label": `Canary of ${a.alias}` },
+    h("span.tag.warn", {}, `canary ${Math.round(a.canary.weight * 100)}%`), " ", digest(a.canary.digest),
+    h("div.sub", {}, `stable: ${side(a.sides?.stable)} · canary: ${side(a.sides?.canary)}`
+      + (a.require_evals ? " · requires passing evals" : "")),
+    h("button.small", { type: "button", "aria-label": `Promote the canary of ${a.alias}`,
+      onclick: act("POST", "promote", `Promote @${a.alias}`) }, "Promote"),
+    h("button.small", { type: "button", "aria-label": `End the canary of ${a.alias}`,
+      onclick: act("DELETE", "canary", `End the canary of @${a.alias}`) }, "End canary"));
 }
 
 async function point(name, alias, digestValue, changed) {

@@ -70,7 +70,6 @@ class EvalRuns:
         # notices arrive in the store's callbacks, outside any task: handed to `_relay_notices`
         self._notices, self._arrived = anyio.create_memory_object_stream[dict[str, Any]](256)
         store.subscribe(self._on_notice)
-        self.listeners: list[Callable[[dict[str, Any]], Any]] = []  # told of each run that ends
 
     async def run(self, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         """Own the task group runs go on in, until cancelled."""
@@ -177,8 +176,6 @@ class EvalRuns:
         event = self._ended.pop(run["id"], None)
         if event is not None:
             event.set()
-        for listener in self.listeners:
-            listener(run)
 
     # --- across replicas ------------------------------------------------------------
 
