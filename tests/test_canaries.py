@@ -68,6 +68,10 @@ async def test_a_canary_at_weight_one_and_zero_then_promoted_and_ended(tmp_path:
             ended = await client.delete(f"{prod}/canary")
             ended_again = await client.delete(f"{prod}/canary")
             plain = await Conversation.create(client, "clerk@prod")
+            await client.put(prod, json={"digest": v2, "canary": {"digest": v1, "weight": 1}})
+            await client.delete(prod)
+            recreated = await client.put(prod, json={"digest": v2})
+            fresh = await Conversation.create(client, "clerk@prod")
             too_heavy = await client.put(prod, json={"digest": v2, "canary": {"digest": v1, "weight": 1.5}})
             unknown = await client.put(prod, json={"digest": v2,
                                                    "canary": {"digest": NEVER_SERVED, "weight": 1}})
@@ -90,5 +94,7 @@ async def test_a_canary_at_weight_one_and_zero_then_promoted_and_ended(tmp_path:
     assert (twice.status_code, twice.json()["error"]["code"]) == (409, "conflict")
     assert ended.status_code == 204 and ended_again.status_code == 404
     assert plain.created["digest"] == v2
+    assert recreated.json()["canary"] is None and recreated.json()["require_evals"] is True
+    assert fresh.created["digest"] == v2  # the deleted alias's canary ended with it
     assert (too_heavy.status_code, too_heavy.json()["error"]["code"]) == (400, "invalid_request")
     assert (unknown.status_code, unknown.json()["error"]["code"]) == (404, "digest_not_found")

@@ -99,8 +99,12 @@ async def list_aliases(request: Request) -> Response:
 
 async def delete_alias(request: Request) -> Response:
     name, alias = request.path_params["name"], request.path_params["alias"]
-    if not await _service(request).store.delete_alias(name, alias):
+    store = _service(request).store
+    if not await store.delete_alias(name, alias):
         raise AgentNotFound(f"agent {name!r} has no alias {alias!r}")
+    rules = await store.get_alias_rules(name, alias)
+    if rules.canary_digest is not None:  # a canary ends with its alias; `require_evals` stays with the name
+        await store.set_alias_rules(name, alias, AliasRules(require_evals=rules.require_evals))
     return Response(status_code=204)
 
 
