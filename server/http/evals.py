@@ -34,16 +34,18 @@ def _evals(request: Request) -> EvalRuns:
     return evals
 
 
-def eval_json(definition: EvalDefinition, latest: dict[str, Any] | None) -> dict[str, Any]:
+async def eval_json(evals: EvalRuns, definition: EvalDefinition, agent_digest: str | None) -> dict[str, Any]:
+    """An Eval with its latest run on `agent_digest` and `passed`: whether that digest passed it (a passing
+    run, as the gates ask, even when a later run did not pass), null until a run of it ended."""
+    latest = await evals.latest(definition, agent_digest) if agent_digest is not None else None
+    passed = None
+    if latest is not None and agent_digest is not None:
+        found = latest if latest["status"] == "passed" else await evals.passing(
+            definition.name, definition.digest, agent_digest)
+        passed = True if found is not None else None if latest["status"] == "running" else False
     return {"name": definition.name, "description": definition.description, "digest": definition.digest,
             "agent": definition.agent, "cases": len(definition.cases), "threshold": definition.threshold,
-            "repeat": definition.repeat, "latest_run": latest,
-            "passed": passed(latest)}
-
-
-def passed(run: dict[str, Any] | None) -> bool | None:
-    """Whether a run passed; None when there is none, or it is still running."""
-    return None if run is None or run["status"] == "running" else run["status"] == "passed"
+            "repeat": definition.repeat, "latest_run": latest, "passed": passed}
 
 
 async def list_evals(request: Request) -> Response:
@@ -52,8 +54,7 @@ async def list_evals(request: Request) -> Response:
     items = []
     for definition in sorted(current.evals(), key=lambda e: e.name):
         agent = current.get("Agent", definition.agent)
-        latest = await evals.latest(definition, agent.digest) if agent is not None else None
-        items.append(eval_json(definition, latest))
+        items.append(await eval_json(evals, definition, agent.digest if agent is not None else None))
     return JSONResponse({"items": items, "next_cursor": None})
 
 
@@ -83,7 +84,7 @@ async def agent_evals(request: Request) -> Response:
     agent = closure.agent
     items = []
     for definition in sorted(evals.registry.current.evals(agent.name), key=lambda e: e.name):
-        items.append(eval_json(definition, await evals.latest(definition, agent.digest)))
+        items.append(await eval_json(evals, definition, agent.digest))
     return JSONResponse({"agent": agent.name, "digest": agent.digest, "items": items, "next_cursor": None})
 
 
