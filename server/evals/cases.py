@@ -108,4 +108,4 @@ async def _grade(judge: Judge, rubric: str, answer: str, out: CaseRun) -> None:
         return
     out.usage = out.usage + verdict.usage
     if not verdict.passed:
-        out.failures.append(f"rubric not met: {verdict.reason}")
+        out.failures.append(f"rubric not met: {verdict.reason}" if verdict.understood else verdict.reason)

@@ -27,6 +27,7 @@ class Verdict:
     passed: bool
     reason: str
     usage: Usage
+    understood: bool = True  # the reply was the object asked for
 
 
 def prompt(rubric: str, answer: str) -> str:
@@ -60,7 +61,8 @@ def read_verdict(text: str, usage: Usage) -> Verdict:
         data = None
     if not isinstance(data, dict) or not isinstance(data.get("pass"), bool):
         shown = text if len(text) <= 200 else text[:200] + "…"
-        return Verdict(False, f'the judge did not answer {{"pass": true|false, "reason"}}: {shown!r}', usage)
+        return Verdict(False, f'the judge did not answer {{"pass": true|false, "reason"}}: {shown!r}', usage,
+                       understood=False)
     return Verdict(data["pass"], str(data.get("reason", "")), usage)
 
 
