@@ -59,6 +59,9 @@ async def test_the_console_shows_eval_results_beside_each_digest(tmp_path: Path)
                 runs = swap.get_by_role("list", name="Eval runs")
                 await expect(runs).to_contain_text("answers")
                 await expect(runs).to_contain_text("failed")  # v2 answers "v2 alpha:one"
+                await page.reload()  # a fresh page reads the results of the swaps it lists
+                swap = live.get_by_role("listitem").filter(has_text="applied").first
+                await expect(swap.get_by_role("list", name="Eval runs")).to_contain_text("failed")
 
                 # the agent page (re-rendered by the run's end) and its diff: before passed, after failed
                 await expect(evals.get_by_role("row").filter(has_text="answers")).to_contain_text("failed")

@@ -10,7 +10,7 @@ import { attempt, digest, fill, h, toast } from "./dom.js";
 import {
   addReport, loadPermissions, reloadNow, renderBanner, renderFeed, schedulePermissions,
 } from "./feed.js";
-import { runSeen } from "./evals.js";
+import { loadSwapEvals, runSeen } from "./evals.js";
 import { homeView } from "./home.js";
 import { loadDefinitions, loadHistory, state } from "./state.js";
 
@@ -150,6 +150,7 @@ async function follow(mine) {
 async function resync() {
   await attempt(async () => {
     await Promise.all([loadDefinitions(), loadHistory(), loadConversations(), loadPermissions()]);
+    await loadSwapEvals();
     renderSet();
     renderFeed();
     renderBanner(state.swaps[0]);
@@ -171,6 +172,7 @@ async function start() {
   renderSet();
   renderFeed();
   renderBanner(state.swaps[0]);
+  attempt(loadSwapEvals, "Evals").then(renderFeed);
   follow(mine);
   attempt(loadConversations, "Conversations");
   attempt(loadPermissions, "Permissions");

@@ -49,6 +49,25 @@ export async function evalsDiff(name, from, to) {
       outcome(e.latest_run)])));
 }
 
+const FEED_SWAPS = 10; // the newest applied swaps whose digests' results a fresh page reads
+
+/**
+ * On a fresh load (or a resync), the results of the agent digests the newest applied swaps brought in,
+ * so the feed shows them beside their swap without waiting for the next `eval.finished`.
+ */
+export async function loadSwapEvals() {
+  const wanted = new Map();
+  for (const swap of state.swaps.filter((s) => s.status === "applied").slice(0, FEED_SWAPS)) {
+    for (const c of swap.changes || []) {
+      if (c.kind === "Agent" && c.to && !state.evalRuns.has(c.to)) wanted.set(c.to, c.name);
+    }
+  }
+  await Promise.all([...wanted].map(async ([digestValue, name]) => {
+    const found = await api(path("/v1/agents/{}/evals", `${name}@${digestValue}`)).catch(() => null);
+    for (const e of found?.items || []) if (e.latest_run) runSeen(e.latest_run);
+  }));
+}
+
 /** The eval runs of the agent digests a swap brought in, as far as this page has seen them. */
 export function swapEvals(report) {
   const rows = [];
