@@ -99,6 +99,8 @@ ERRORS: dict[str, Forms] = {
     # the definitions
     "definitions_invalid": Forms(422, TOOL_RESULT, EXIT_FAILED),
     "lock_mismatch": Forms(409, TOOL_RESULT, EXIT_FAILED),
+    # an alias (or the lock) requires a passing eval run of a digest that has none (§12)
+    "evals_required": Forms(409, TOOL_RESULT, EXIT_REFUSED),
     # a turn (and what `turn.failed` carries)
     "cancelled": Forms(409, TOOL_RESULT, EXIT_CANCELLED),
     "prompt_blocked": Forms(422, TOOL_RESULT, EXIT_REFUSED),

@@ -41,6 +41,10 @@ class Settings(BaseSettings):
     max_attempts: int = Field(default=3, ge=1)  # a turn cut off this many times fails with `interrupted`
     # the console links each turn to its trace in the user's tracing UI: `{trace_id}` is filled in
     trace_url: str = Field(default="", pattern=r"^$|^https?://\S*\{trace_id\}\S*$")
+    # evals (§12): case runs at once across every eval run of this process, apart from serving turns
+    eval_max_concurrency: int = Field(default=4, gt=0)
+    eval_on_swap: bool = False  # run the affected evals after each applied swap, in the background
+    require_evals: bool = False  # `--locked` also needs a passing run of each eval in corral.lock
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -17,7 +17,7 @@ from server.store.sqlite import SQLiteStore
 from tests.support.stores import StoreForTests
 
 PORTS = (base.Notices, base.Lifecycle, base.ConversationStore, base.TurnJournal, base.Coordination,
-         base.DefinitionStore, base.PermissionStore, base.ContextStore)
+         base.DefinitionStore, base.PermissionStore, base.ContextStore, base.EvalStore)
 
 
 def _methods(port: type) -> dict[str, object]:

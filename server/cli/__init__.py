@@ -16,10 +16,19 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..compiler import documents
+from ..compiler import kinds
 from ..compiler.compiler import Compiler
 from ..compiler.definitions import DefinitionSet
-from ..compiler.lockfile import LOCK_FILE, Lock, LockError, catalog_drift, drift, read_lock, write_lock
+from ..compiler.lockfile import (
+    LOCK_FILE,
+    Lock,
+    LockError,
+    catalog_drift,
+    drift,
+    missing_evals,
+    read_lock,
+    write_lock,
+)
 from ..errors import CorralError, DefinitionsInvalid, forms
 
 DEFAULT_DIR = "definitions"
@@ -84,7 +93,11 @@ def cmd_lock(args: argparse.Namespace) -> int:
     catalogs = _mcp_catalogs(definitions, locked, args)
     if catalogs is None:
         return forms("unreachable").exit
-    current = Lock.of(definitions, catalogs)
+    evals = _evals_to_lock(definitions, locked, args)
+    if evals is None:
+        print(f"error: an eval did not pass: {LOCK_FILE} not written", file=sys.stderr)
+        return forms("lock_mismatch").exit
+    current = Lock.of(definitions, catalogs, evals)
     if not args.check:
         path = write_lock(root, current)
         print(f"wrote {path} ({len(current.definitions)} definitions, {len(current.mcp_catalogs)} MCP "
@@ -93,14 +106,38 @@ def cmd_lock(args: argparse.Namespace) -> int:
     assert locked is not None
     changes = drift(locked, current) + catalog_drift(locked, current)
     if not changes and locked.digest == current.digest:
-        print(f"ok: matches {LOCK_FILE} (set {current.digest})")
-        return 0
+        return _check_evals(locked, definitions, args)
     if locked.digest == current.digest:
         print(f"{LOCK_FILE} drift: MCP catalogs (set {current.digest} unchanged)")
     else:
         print(f"{LOCK_FILE} drift: set {locked.digest} -> {current.digest}")
     for change in changes:
         print(f"  {change}")
+    return DRIFT
+
+
+def _evals_to_lock(definitions: DefinitionSet, locked: Lock | None, args: argparse.Namespace) -> dict | None:
+    """With `--evals`, each agent's passing eval runs (run now if missing; None if one failed); else
+    those the lock recorded that still hold (same agent digest, same eval digest)."""
+    if args.evals and not args.check:
+        from .evaluating import lock_evals
+
+        return lock_evals(args, definitions)
+    return locked.evals_still_valid(definitions) if locked else {}
+
+
+def _check_evals(locked: Lock, definitions: DefinitionSet, args: argparse.Namespace) -> int:
+    """`lock --check` of a set that matches the lock: with `--require-evals`, the lock must also record
+    a passing run of each Eval of each agent (§12)."""
+    from_env = os.environ.get("CORRAL_REQUIRE_EVALS", "").lower() in ("1", "true", "yes")
+    required = args.require_evals or from_env
+    gaps = missing_evals(locked, definitions) if required else []
+    if not gaps:
+        print(f"ok: matches {LOCK_FILE} (set {definitions.digest})")
+        return 0
+    print(f"{LOCK_FILE} lacks passing evals (run `corral lock --evals`):")
+    for gap in gaps:
+        print(f"  {gap['message']}")
     return DRIFT
 
 
@@ -129,7 +166,7 @@ def _mcp_catalogs(definitions: DefinitionSet, locked: Lock | None, args: argpars
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    print(json.dumps(documents.json_schema(), indent=2))
+    print(json.dumps(kinds.json_schema(), indent=2))
     return 0
 
 
@@ -160,6 +197,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--skip-mcp", action="store_true",
         help="do not connect to MCP servers: keep the catalog digests already locked",
     )
+    verbs.choices["lock"].add_argument(
+        "--evals", action="store_true",
+        help="record the passing run of each agent's Evals (run now what is missing; exit 1 if one fails)",
+    )
+    verbs.choices["lock"].add_argument(
+        "--require-evals", action="store_true",
+        help="with --check: also fail when an agent's Evals have no passing run recorded "
+             "(or set CORRAL_REQUIRE_EVALS=1)",
+    )
     _add_runtime_verbs(verbs)
     return parser
 
@@ -167,12 +213,14 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_runtime_verbs(verbs: argparse._SubParsersAction) -> None:
     try:  # the runtime's verbs need the server's dependencies, which a bare compiler install lacks
         from .chat import add_verb as add_chat
+        from .evaluating import add_eval_verb
         from .running import add_mcp_verb, add_serve_verb
     except ImportError:
         return
     add_serve_verb(verbs, _add_dir)  # in the order `corral --help` lists them
     add_chat(verbs)
     add_mcp_verb(verbs, _add_dir)
+    add_eval_verb(verbs, _add_dir)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

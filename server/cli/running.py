@@ -31,6 +31,12 @@ def add_serve_verb(verbs: argparse._SubParsersAction,
     serve.add_argument("--port", type=int, help="port (default $CORRAL_PORT or 8420)")
     serve.add_argument("--no-watch", action="store_true", help="do not reload when files change")
     serve.add_argument("--locked", action="store_true", help="refuse digests that differ from corral.lock")
+    serve.add_argument("--require-evals", action="store_true",
+                       help="with --locked: also refuse an agent whose Evals corral.lock records no passing "
+                            "run of (or set CORRAL_REQUIRE_EVALS=1)")
+    serve.add_argument("--eval-on-swap", action="store_true",
+                       help="run the affected Evals after each applied swap, in the background "
+                            "(or set CORRAL_EVAL_ON_SWAP=1)")
     serve.add_argument("--insecure", action="store_true",
                        help="allow a non-loopback bind without CORRAL_API_KEYS (dangerous)")
     serve.set_defaults(func=cmd_serve)
@@ -56,8 +62,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
             overrides[name] = getattr(args, name)
     if getattr(args, "no_watch", False):
         overrides["watch"] = False
-    if getattr(args, "locked", False):
-        overrides["locked"] = True
+    for flag in ("locked", "require_evals", "eval_on_swap"):
+        if getattr(args, flag, False):
+            overrides[flag] = True
     try:
         return Settings(**overrides)
     except Exception as exc:  # pydantic's ValidationError: a bad CORRAL_* value
@@ -73,7 +80,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if settings.locked:
         from ..deployment.swaps import check_locked
 
-        check_locked(definitions)
+        check_locked(definitions, settings.require_evals)
     if not is_loopback(settings.host) and not settings.keys:
         if not args.insecure:  # a usage mistake: `main` prints it and exits with its status (2)
             raise CorralError(f"refusing to bind {settings.host} without CORRAL_API_KEYS "

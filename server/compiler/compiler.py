@@ -24,7 +24,8 @@ from pydantic import BaseModel, ValidationError
 from ..canonical import digest_of
 from ..errors import DefinitionError, DefinitionsInvalid
 from .definitions import DEFINITION_TYPES, Definition, DefinitionSet, Source
-from .documents import DOCUMENT_MODELS, KINDS, Document, FieldProblem
+from .documents import Document, FieldProblem
+from .kinds import DOCUMENT_MODELS, KINDS
 from .linking import Key, Linked, Linker, LinkState
 from .normalize import Normalized, NormalizeError, Normalizer
 from .sources import FileStamps, SourceCache, SourceDocument, definition_files

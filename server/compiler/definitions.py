@@ -26,6 +26,7 @@ KIND_PATHS = {
     "MCPServer": "mcpserver",
     "Hook": "hook",
     "Skill": "skill",
+    "Eval": "eval",
 }
 PATH_KINDS = {v: k for k, v in KIND_PATHS.items()}
 
@@ -166,6 +167,20 @@ class AgentDefinition(Definition):
                              keep_recent_turns=c.get("keep_recent_turns", 2), model=c.get("model"))
 
 
+@dataclass(frozen=True, kw_only=True)
+class EvalDefinition(Definition):
+    """An Eval (§12); its digest covers `closure` (its judge Model and fallbacks), never its agent."""
+
+    kind: ClassVar[str] = "Eval"
+    agent: str
+    cases: tuple[Mapping[str, Any], ...] = ()
+    threshold: float = 1.0
+    repeat: int = 1
+    judge: str | None = None
+    max_concurrency: int = 4
+    closure: Mapping[str, str] = field(default_factory=dict)
+
+
 @dataclass(frozen=True, slots=True)
 class ContextPolicy:
     strategy: str = "summarize"  # summarize | truncate | none
@@ -183,6 +198,7 @@ DEFINITION_TYPES: dict[str, type[Definition]] = {
         MCPServerDefinition,
         HookDefinition,
         SkillDefinition,
+        EvalDefinition,
     )
 }
 
@@ -216,6 +232,11 @@ class DefinitionSet:
 
     def agents(self) -> list[AgentDefinition]:
         return self.of_kind("Agent")  # type: ignore[return-value]
+
+    def evals(self, agent: str | None = None) -> list[EvalDefinition]:
+        """The Evals, by name; with `agent`, those of that agent only."""
+        found = self.of_kind("Eval")
+        return [e for e in found if agent is None or e.agent == agent]  # type: ignore[attr-defined,misc]
 
     def closure(self, agent_name: str) -> Closure | None:
         agent = self.by_key.get(("Agent", agent_name))

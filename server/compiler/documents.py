@@ -1,4 +1,4 @@
-"""The six definition document kinds, as the YAML author writes them.
+"""The six definition document kinds, as the YAML author writes them (`Eval`: `eval_documents`).
 
 These pydantic models are the edge: they reject unknown fields and wrong
 types, and they normalize (defaults filled in, aliases mapped to one
@@ -444,23 +444,24 @@ DOCUMENT_MODELS: dict[str, type[Document]] = {
 }
 
 
-def json_schema() -> dict[str, Any]:
+def json_schema(models: dict[str, type[Document]] | None = None) -> dict[str, Any]:
     """One JSON Schema for any definition document, for editors.
 
     It branches on `kind` (`if`/`then`), not `oneOf`: with `oneOf` a misspelled field fails every
     branch and a validator can only say "not valid under any of the given schemas"; here the one
     branch of the document's kind reports the field by name.
     """
+    models = DOCUMENT_MODELS if models is None else models
     schema: dict[str, Any] = {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "Corral definition document",
         "type": "object",
         "required": ["kind"],
-        "properties": {"kind": {"enum": list(DOCUMENT_MODELS)}},
+        "properties": {"kind": {"enum": list(models)}},
         "allOf": [],
         "$defs": {},
     }
-    for kind, model in DOCUMENT_MODELS.items():
+    for kind, model in models.items():
         sub = model.model_json_schema(ref_template="#/$defs/{model}", mode="validation")
         schema["$defs"].update(sub.pop("$defs", {}))
         if kind == "Hook":

@@ -4,7 +4,8 @@ An agent's digest covers its closure: the spec plus `closure`, the map from
 `kind/name` to digest of every definition it can reach (model and fallbacks,
 the model that writes its context summaries, tools, MCP servers, hooks,
 skills, sub-agents and theirs). A model with fallbacks is hashed the same
-way. Everything else hashes its spec alone.
+way, and so is an Eval with its judge (not its agent, §12). Everything else
+hashes its spec alone.
 
 Linking is incremental: given the `LinkState` of the previous successful
 link over the same names, only the definitions whose spec changed are
@@ -87,6 +88,10 @@ class Linker:
             spec = self.specs[(kind, name)]
             if kind == "Agent":
                 self._check_agent((kind, name), spec)
+            elif kind == "Eval":
+                self._expect((kind, name), ("agent",), "Agent", spec["agent"])
+                if spec.get("judge") is not None:
+                    self._expect((kind, name), ("judge",), "Model", spec["judge"])
             elif kind == "Model":
                 for i, fallback in enumerate(spec["fallbacks"]):
                     if not self.has("Model", fallback):
@@ -160,6 +165,9 @@ class Linker:
         spec = self.specs[key]
         if kind == "Model":
             return [(("fallbacks", i), ("Model", n)) for i, n in enumerate(spec["fallbacks"])]
+        if kind == "Eval":  # its judge, not its agent: a result binds the agent's digest to the eval's
+            judge = spec.get("judge")
+            return [(("judge",), ("Model", judge))] if ("Model", judge) in self.specs else []
         if kind != "Agent":
             return []
         out: list[tuple[tuple, Key]] = [(("model",), ("Model", spec["model"]))]
@@ -223,7 +231,7 @@ class Linker:
             if key in linked:
                 return linked[key]
             spec = self.specs[key]
-            if key[0] not in ("Agent", "Model"):
+            if key[0] not in ("Agent", "Model", "Eval"):
                 linked[key] = Linked(spec, self.own[key])
                 return linked[key]
             closure: dict[str, str] = {}

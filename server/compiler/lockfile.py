@@ -2,7 +2,10 @@
 
 JSON with sorted keys and a final newline, byte-stable for the same set:
 `{"version": 1, "digest", "definitions": {"kind/name": digest},
-"mcp_catalogs": {server: digest}}`.
+"mcp_catalogs": {server: digest}}`, and with `corral lock --evals` (§12)
+`"evals": {"agent/NAME": {"eval/EVAL": {"digest": EVAL_DIGEST, "run": RUN_ID,
+"score"}}}`: the passing run of each Eval of each agent, for the agent digest
+the lock records (no `evals` key when none was recorded).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .definitions import DefinitionSet
+from .definitions import DefinitionSet, EvalDefinition
 from .sources import read_regular
 
 LOCK_FILE = "corral.lock"
@@ -24,19 +27,35 @@ class Lock:
     digest: str
     definitions: dict[str, str]
     mcp_catalogs: dict[str, str] = field(default_factory=dict)
+    evals: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, definitions: DefinitionSet, mcp_catalogs: dict[str, str] | None = None) -> Lock:
-        return cls(definitions.digest, definitions.digests(), dict(mcp_catalogs or {}))
+    def of(cls, definitions: DefinitionSet, mcp_catalogs: dict[str, str] | None = None,
+           evals: dict[str, dict[str, dict[str, Any]]] | None = None) -> Lock:
+        return cls(definitions.digest, definitions.digests(), dict(mcp_catalogs or {}), dict(evals or {}))
 
     def render(self) -> str:
-        body = {
+        body: dict[str, Any] = {
             "version": VERSION,
             "digest": self.digest,
             "definitions": self.definitions,
             "mcp_catalogs": self.mcp_catalogs,
         }
+        if self.evals:
+            body["evals"] = self.evals
         return json.dumps(body, indent=2, sort_keys=True) + "\n"
+
+    def evals_still_valid(self, definitions: DefinitionSet) -> dict[str, dict[str, dict[str, Any]]]:
+        """The recorded runs that still hold for `definitions`: same agent digest, same eval digest."""
+        kept: dict[str, dict[str, dict[str, Any]]] = {}
+        for agent_ref, runs in self.evals.items():
+            agent = definitions.digests().get(agent_ref)
+            if agent is None or self.definitions.get(agent_ref) != agent:
+                continue
+            for eval_ref, run in runs.items():
+                if definitions.digests().get(eval_ref) == run.get("digest"):
+                    kept.setdefault(agent_ref, {})[eval_ref] = run
+        return kept
 
 
 class LockError(ValueError):
@@ -55,7 +74,8 @@ def read_lock(root: Path) -> Lock | None:
     if not isinstance(data, dict) or data.get("version") != VERSION:
         raise LockError(f"{LOCK_FILE} has no supported version (expected {VERSION})")
     try:
-        return Lock(str(data["digest"]), dict(data["definitions"]), dict(data.get("mcp_catalogs", {})))
+        return Lock(str(data["digest"]), dict(data["definitions"]), dict(data.get("mcp_catalogs", {})),
+                    {str(a): dict(runs) for a, runs in dict(data.get("evals", {})).items()})
     except (KeyError, TypeError, ValueError):
         raise LockError(f"{LOCK_FILE} is missing `digest` or `definitions`") from None
 
@@ -86,6 +106,21 @@ class Drift:
 def drift(lock: Lock, current: Lock) -> list[Drift]:
     """What differs between the lock and the current set, sorted by ref."""
     return _diff(lock.definitions, current.definitions)
+
+
+def missing_evals(lock: Lock, definitions: DefinitionSet) -> list[dict[str, Any]]:
+    """Each Eval of an agent that the lock records no passing run of, for the agent's locked digest
+    and the Eval's current digest (what `--require-evals` refuses)."""
+    held = lock.evals_still_valid(definitions)
+    out = []
+    for definition in sorted(definitions.evals(), key=lambda e: (e.agent, e.name)):
+        assert isinstance(definition, EvalDefinition)
+        agent_ref = f"agent/{definition.agent}"
+        if definition.ref not in held.get(agent_ref, {}):
+            out.append({"agent": definition.agent, "eval": definition.name, "eval_digest": definition.digest,
+                        "message": f"{LOCK_FILE} records no passing run of eval/{definition.name} "
+                                   f"({definition.digest}) for {agent_ref}"})
+    return out
 
 
 def catalog_drift(lock: Lock, current: Lock) -> list[Drift]:

@@ -2,6 +2,7 @@
 
 import { api, path } from "./api.js";
 import { closureDiff } from "./diff.js";
+import { evalsDiff, renderEvals } from "./evals.js";
 import { attempt, digest, fill, h, json, short, table, time, where } from "./dom.js";
 import { digestBefore, knownDigests, loadAliases, state } from "./state.js";
 
@@ -39,7 +40,7 @@ function sourceButton(d, onclick) {
 
 /** `#/definitions`: every definition being served, each with its source. */
 export function definitionsView(main) {
-  const kinds = ["Agent", "Model", "Tool", "MCPServer", "Hook", "Skill"];
+  const kinds = ["Agent", "Model", "Tool", "MCPServer", "Hook", "Skill", "Eval"];
   const rows = [...state.definitions].sort((a, b) =>
     kinds.indexOf(a.kind) - kinds.indexOf(b.kind) || a.name.localeCompare(b.name));
   fill(main, h("div.view", {},
@@ -57,12 +58,14 @@ export async function agentView(main, ref, isCurrent) {
   if (!isCurrent()) return;
   const aliasesBox = h("div");
   const diffBox = h("div");
+  const evalsBox = h("div", {}, h("p.muted", {}, "Loading…"));
   fill(main, h("div.view", {}, agentHead(name, closure), agentFacts(closure),
     card("closure-h", "Closure",
       h("p.muted", {}, "Everything a turn of this digest runs on: change any of them and the agent's "
         + "digest changes."),
       table(["Kind", "Name", "Digest", "Source"], closure.definitions.map((d) => [
         h("span.kind", {}, d.kind), d.name, digest(d.digest), sourceButton(d, () => showSpec(d))]))),
+    card("evals-h", "Evals", evalsBox),
     card("aliases-h", "Aliases", aliasesBox),
     card("diff-h", "Compare digests", diffBox)));
   const refresh = () => { // an alias moved: its row, and the digests the selects name
@@ -70,6 +73,7 @@ export async function agentView(main, ref, isCurrent) {
     renderCompare(diffBox, name, closure.digest);
   };
   refresh();
+  renderEvals(evalsBox, `${name}@${closure.digest}`);
 }
 
 function card(id, title, ...children) {
@@ -114,7 +118,8 @@ function renderAliases(box, name, changed) {
   const aliases = state.aliases.get(name) || [];
   const rows = aliases.map((a) => {
     const back = digestBefore(name, a.digest);
-    return [h("strong.mono", {}, `@${a.alias}`), digest(a.digest), time(a.updated_at),
+    return [h("strong.mono", {}, `@${a.alias}`), [digest(a.digest), canaryLine(name, a, changed)],
+      time(a.updated_at),
       h("div.row-actions", {},
         h("button.small", { type: "button", disabled: !back, "aria-label": `Roll back ${a.alias}`,
           title: back ? `Point @${a.alias} at ${back}, the digest served before this one`
@@ -135,6 +140,27 @@ function renderAliases(box, name, changed) {
     h("button.primary", { type: "submit" }, "Point alias"));
   fill(box, rows.length ? table(["Alias", "Digest", "Updated", ""], rows)
     : h("p.muted", {}, `No aliases yet: point one at a digest, then chat with ${name}@ALIAS.`), form);
+}
+
+/** An alias's canary: its digest and weight, each side's conversations and turns, Promote and End. */
+function canaryLine(name, a, changed) {
+  if (!a.canary) return a.require_evals ? h("div.sub", {}, "requires passing evals") : null;
+  const side = (s) => (s ? `${s.conversations} conv., ${s.turns_completed} ok, ${s.turns_failed} failed` : "");
+  const act = (method, suffix, what) => async () => {
+    const done = await attempt(() => api(path(`/v1/agents/{}/aliases/{}/${suffix}`, name, a.alias), { method }),
+      what);
+    if (done === undefined) return;
+    await attempt(() => loadAliases(name), "Aliases");
+    changed();
+  };
+  return h("div.canary", { "aria-label": `Canary of ${a.alias}` },
+    h("span.tag.warn", {}, `canary ${Math.round(a.canary.weight * 100)}%`), " ", digest(a.canary.digest),
+    h("div.sub", {}, `stable: ${side(a.sides?.stable)} · canary: ${side(a.sides?.canary)}`
+      + (a.require_evals ? " · requires passing evals" : "")),
+    h("button.small", { type: "button", "aria-label": `Promote the canary of ${a.alias}`,
+      onclick: act("POST", "promote", `Promote @${a.alias}`) }, "Promote"),
+    h("button.small", { type: "button", "aria-label": `End the canary of ${a.alias}`,
+      onclick: act("DELETE", "canary", `End the canary of @${a.alias}`) }, "End canary"));
 }
 
 async function point(name, alias, digestValue, changed) {
@@ -161,7 +187,7 @@ function renderCompare(box, name, shown) {
   const run = async () => {
     const [a, b] = await Promise.all([from.value, to.value].map((d) =>
       attempt(() => api(path("/v1/agents/{}/closure", `${name}@${d}`)), "Compare")));
-    if (a && b) fill(out, closureDiff(a, b));
+    if (a && b) fill(out, closureDiff(a, b), await evalsDiff(name, from.value, to.value));
   };
   fill(box, h("form.inline", { onsubmit: (e) => { e.preventDefault(); run(); } },
     field("diff-from", "From digest", from), field("diff-to", "To digest", to),

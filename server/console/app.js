@@ -10,6 +10,7 @@ import { attempt, digest, fill, h, toast } from "./dom.js";
 import {
   addReport, loadPermissions, reloadNow, renderBanner, renderFeed, schedulePermissions,
 } from "./feed.js";
+import { loadSwapEvals, runSeen } from "./evals.js";
 import { homeView } from "./home.js";
 import { loadDefinitions, loadHistory, state } from "./state.js";
 
@@ -108,6 +109,12 @@ function onServerEvent({ name, data }) {
   } else if (name === "conversation.status") {
     statusChanged(data);
     schedulePermissions();
+  } else if (name === "eval.started" || name === "eval.finished") {
+    runSeen(data.run);
+    renderFeed();
+    if (name === "eval.finished" && routed?.name === "agent" && routed.arg.split("@")[0] === data.run.agent) {
+      route(); // its Evals card shows the new result
+    }
   } else if (name === "mcp.catalog_drift") {
     toast(`MCP server ${data.server}: its tool catalog drifted from the lock`, "error");
   }
@@ -143,6 +150,7 @@ async function follow(mine) {
 async function resync() {
   await attempt(async () => {
     await Promise.all([loadDefinitions(), loadHistory(), loadConversations(), loadPermissions()]);
+    await loadSwapEvals();
     renderSet();
     renderFeed();
     renderBanner(state.swaps[0]);
@@ -164,6 +172,7 @@ async function start() {
   renderSet();
   renderFeed();
   renderBanner(state.swaps[0]);
+  attempt(loadSwapEvals, "Evals").then(renderFeed);
   follow(mine);
   attempt(loadConversations, "Conversations");
   attempt(loadPermissions, "Permissions");

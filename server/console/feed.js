@@ -2,6 +2,7 @@
 
 import { all, api, path } from "./api.js";
 import { attempt, badge, digest, fill, h, json, time, toast } from "./dom.js";
+import { swapEvals } from "./evals.js";
 import { emit, state } from "./state.js";
 
 /** `file:line:col: kind/name: field: message`, as `corral validate` prints an error. */
@@ -38,6 +39,7 @@ function swapEntry(r) {
     changes.length ? changeList(changes) : null,
     busy.length ? busyList(busy) : null,
     errors.length ? h("ul.errors", { "aria-label": "Errors" }, errors.map(errorLine)) : null,
+    swapEvals(r),
     r.status === "unchanged" ? h("div.muted", {}, "No definition changed.") : null);
 }
 

@@ -8,6 +8,7 @@ export const state = {
   setDigest: "",
   swaps: [],           // GET /v1/definitions/history, newest first (and live reports)
   aliases: new Map(),  // agent name -> [{alias, digest, updated_at}]
+  evalRuns: new Map(), // agent digest -> eval name -> the latest run seen on /v1/events
 };
 
 const listeners = new Map();

@@ -30,7 +30,7 @@ import anyio
 from ..clock import iso
 from ..compiler.compiler import Compiler
 from ..compiler.definitions import DefinitionSet
-from ..compiler.lockfile import Lock, LockError, drift, read_lock
+from ..compiler.lockfile import Lock, LockError, drift, missing_evals, read_lock
 from ..errors import CorralError, DefinitionsInvalid
 from ..ids import new_id
 from ..metrics import Metrics
@@ -75,19 +75,23 @@ async def run_abandonable(func: Callable[..., T], *args: Any) -> T:
     raise value
 
 
-def lock_errors(definitions: DefinitionSet) -> list[dict[str, Any]]:
-    """Why `definitions` may not run in locked mode; empty when it matches corral.lock."""
+def lock_errors(definitions: DefinitionSet, require_evals: bool = False) -> list[dict[str, Any]]:
+    """Why `definitions` may not run in locked mode; empty when it matches corral.lock (and, with
+    `require_evals`, when the lock records a passing run of every agent's Evals, §12)."""
     try:
         locked = read_lock(definitions.root)
     except LockError as exc:
         return [{"code": "lock_mismatch", "message": str(exc)}]
     if locked is None:
         return [{"code": "lock_mismatch", "message": "locked mode needs a corral.lock; run `corral lock`"}]
-    return [
+    drifted = [
         {"code": "lock_mismatch", "message": f"{d.ref} drifted from corral.lock ({d.change})",
          "ref": d.ref, "locked": d.locked, "current": d.current}
         for d in drift(locked, Lock.of(definitions))
     ]
+    if drifted or not require_evals:
+        return drifted
+    return [{"code": "evals_required", **gap} for gap in missing_evals(locked, definitions)]
 
 
 def _trace(report: SwapReport, started_ns: int) -> None:
@@ -98,9 +102,10 @@ def _trace(report: SwapReport, started_ns: int) -> None:
     spans.record(name, attributes, started_ns, error=error)
 
 
-def check_locked(definitions: DefinitionSet) -> None:
-    """Refuse to start in locked mode when the set differs from corral.lock."""
-    errors = lock_errors(definitions)
+def check_locked(definitions: DefinitionSet, require_evals: bool = False) -> None:
+    """Refuse to start in locked mode when the set differs from corral.lock (or, with `require_evals`,
+    when the lock records no passing run of an agent's Eval)."""
+    errors = lock_errors(definitions, require_evals)
     if errors:
         raise CorralError("the definitions differ from corral.lock: "
                           + "; ".join(e["message"] for e in errors), code="lock_mismatch", details=errors)
@@ -127,7 +132,7 @@ def changes_between(previous: DefinitionSet, current: DefinitionSet) -> tuple[Ch
 class Swapper:
     def __init__(self, compiler: Compiler, registry: Registry, running: RunningTurns,
                  store: DefinitionStore, publish: Publish, metrics: Metrics, *, locked: bool,
-                 replica: str | None = None):
+                 replica: str | None = None, require_evals: bool = False):
         self.compiler = compiler
         self.registry = registry
         self.running = running  # the turns in progress (the run stage knows them, not this one)
@@ -135,6 +140,7 @@ class Swapper:
         self.publish = publish
         self.metrics = metrics
         self.locked = locked
+        self.require_evals = require_evals  # locked: the lock must record each agent's passing evals
         self.replica = replica
         self.listeners: list[Callable[[SwapReport], Awaitable[None]]] = []  # told of applied swaps
         self._one_at_a_time = anyio.Lock()
@@ -170,7 +176,7 @@ class Swapper:
     async def _consider(self, previous: DefinitionSet, candidate: DefinitionSet,
                         report: SwapReport) -> SwapReport:
         if self.locked:
-            errors = lock_errors(candidate)
+            errors = lock_errors(candidate, self.require_evals)
             if errors:
                 return replace(report, status="rejected", errors=tuple(errors), attempted=candidate.digest)
         if candidate.digest == previous.digest:

@@ -19,10 +19,12 @@ from ..settings import Settings
 from ..tracing import InboundTrace
 from . import (
     agents,
+    canaries,
     closures,
     console,
     conversations,
     deployments,
+    evals,
     health,
     openai_compat,
     openapi,
@@ -52,10 +54,12 @@ def create_app(settings: Settings) -> Starlette:
     routes = [
         *health.routes,
         *deployments.routes,
+        *canaries.routes,
         *agents.routes,
         *closures.routes,
         *conversations.routes,
         *turns.routes,
+        *evals.routes,
         *permissions.routes,
         *openapi.routes,
         *openai_compat.routes,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
@@ -13,12 +14,18 @@ from starlette.routing import Route
 from ..clock import iso
 from ..deployment.registry import ALIAS, AgentNotFound
 from ..errors import RequestError
+from ..store.evals import AliasRules
+from . import canaries
 from .plumbing import KEEP_ALIVE, page, page_params, read_json, sse_frame, sse_response
 
 
 class SetAlias(BaseModel):
     model_config = ConfigDict(extra="forbid")
     digest: str = Field(min_length=1)
+    # from now on every move of the alias (this one too) needs passing evals (§12); absent: unchanged
+    require_evals: bool | None = None
+    # a share of new conversations on the alias goes to this digest (§12); absent: unchanged; null: none
+    canary: canaries.Canary | None = None
 
 
 def _service(request: Request):
@@ -72,21 +79,32 @@ async def put_alias(request: Request) -> Response:
         raise RequestError("an alias is 1-63 of a-z 0-9 _ . - and does not start with sha256")
     body = await read_json(request, SetAlias)
     closure = await service.registry.resolve(f"{name}@{body.digest}")  # 404 unless served
-    await service.registry.set_alias(name, alias, closure.agent.digest)
-    return JSONResponse({"agent": name, "alias": alias, "digest": closure.agent.digest})
+    rules = await canaries.moved_rules(service, name, alias, body, closure.agent)
+    if rules != await service.store.get_alias_rules(name, alias):
+        await service.store.set_alias_rules(name, alias, rules)
+    await service.store.set_alias(name, alias, closure.agent.digest, time.time())
+    moved: dict[str, Any] = {"agent": name, "alias": alias, "digest": closure.agent.digest}
+    # the rules are shown once an alias has some (the answer for a plain alias keeps its shape)
+    if body.model_fields_set - {"digest"} or rules != AliasRules():
+        moved |= {"require_evals": rules.require_evals, "canary": canaries.canary_json(rules)}
+    return JSONResponse(moved)
 
 
 async def list_aliases(request: Request) -> Response:
     name = request.path_params["name"]
-    items = await _service(request).registry.aliases(name)
-    return JSONResponse({"items": [{**a, "updated_at": iso(a["updated_at"])} for a in items],
-                         "next_cursor": None})
+    store = _service(request).store
+    items = [await canaries.alias_json(store, name, a) for a in await store.list_aliases(name)]
+    return JSONResponse({"items": items, "next_cursor": None})
 
 
 async def delete_alias(request: Request) -> Response:
     name, alias = request.path_params["name"], request.path_params["alias"]
-    if not await _service(request).registry.delete_alias(name, alias):
+    store = _service(request).store
+    if not await store.delete_alias(name, alias):
         raise AgentNotFound(f"agent {name!r} has no alias {alias!r}")
+    rules = await store.get_alias_rules(name, alias)
+    if rules.canary_digest is not None:  # a canary ends with its alias; `require_evals` stays with the name
+        await store.set_alias_rules(name, alias, AliasRules(require_evals=rules.require_evals))
     return Response(status_code=204)
 
 

@@ -27,7 +27,18 @@ from starlette.routing import BaseRoute, Route
 
 from .. import __version__
 from ..errors import ERRORS, TURN_FAILURES, forms
-from . import agents, closures, conversations, deployments, health, openai_compat, permissions, turns
+from . import (
+    agents,
+    canaries,
+    closures,
+    conversations,
+    deployments,
+    evals,
+    health,
+    openai_compat,
+    permissions,
+    turns,
+)
 from .browsers import BODY_METHODS
 from .guards import OPEN_PATHS
 
@@ -78,8 +89,14 @@ DOCS: dict[Callable[..., Any] | type, Doc] = {
     deployments.list_replicas: Doc("The replicas serving this state (heartbeat, set digest, turns)", STORE),
     deployments.history: Doc("Past swaps, newest first", ("invalid_request", *STORE), query=PAGE),
     deployments.server_events: Doc("Server-wide events (swaps, conversation status)", media=SSE),
-    deployments.list_aliases: Doc("List an agent's aliases", STORE),
-    deployments.put_alias: Doc("Point an alias at a served digest", REF, body=deployments.SetAlias),
+    deployments.list_aliases: Doc("List an agent's aliases, each with its rules, its canary and, per side, "
+                                  "the conversations created and their turns completed and failed", STORE),
+    deployments.put_alias: Doc("Point an alias at a served digest (require_evals: only at one that "
+                               "passed its agent's Evals; canary: a share of new conversations elsewhere)",
+                               (*REF, "evals_required"), body=deployments.SetAlias),
+    canaries.promote: Doc("Move an alias to its canary (gated like any move) and end the canary",
+                          (*REF, "conflict", "evals_required")),
+    canaries.end_canary: Doc("End an alias's canary", ("not_found", *STORE), status=204, media=""),
     deployments.delete_alias: Doc("Remove an alias", ("agent_not_found", *STORE), status=204, media=""),
     conversations.create_conversation: Doc("Create a conversation", REF,
                                            body=conversations.CreateConversation, status=201),
@@ -122,6 +139,15 @@ DOCS: dict[Callable[..., Any] | type, Doc] = {
                                         (*REF, "overloaded", "cancelled", "permission_required",
                                          *TURN_FAILURES),
                                         body=openai_compat.ChatRequest),
+    evals.list_evals: Doc("List Evals, each with its latest run on its agent's current digest", STORE),
+    evals.start_run: Doc("Run an Eval on its agent's current digest, or on `agent` (any reference); 202 with "
+                         "the run, running", ("not_found", *REF), body=evals.StartRun, status=202),
+    evals.list_runs: Doc("An Eval's runs, newest first (agent=REF: on that digest)", ("not_found", *REF),
+                         query=(("limit", "integer"), ("agent", "string"))),
+    evals.get_run: Doc("One eval run; wait=S (0 < S <= 60) holds the answer until it ends",
+                       ("invalid_request", "not_found", *STORE), query=(("wait", "number"),)),
+    evals.agent_evals: Doc("For an agent digest: each of its Evals at its current digest, the latest run, "
+                           "passed (true, false, or null when never run)", REF),
     # `/mcp` answers MCP's own errors in JSON-RPC (see `mcp.server`); over HTTP, only the guards'.
     StreamableHTTPASGIApp: Doc("MCP over streamable HTTP: JSON-RPC (POST), its stream (GET), session end "
                                "(DELETE)", media=""),

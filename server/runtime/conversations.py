@@ -25,6 +25,7 @@ from typing import Any
 
 import anyio
 
+from ..deployment import canaries
 from ..deployment.registry import Registry, split_ref
 from ..errors import ConversationBusy, ConversationNotFound, RequestError, StorageError, TurnNotFound
 from ..ids import new_id
@@ -101,6 +102,8 @@ class Conversations:
         """A new conversation; `history`: messages it begins with (the OpenAI route's earlier ones)."""
         if title is not None and "\x00" in title:
             raise RequestError("the title must not contain NUL characters")
+        drawn = await canaries.draw(self.store, agent)  # an alias with a canary: pinned to the side drawn
+        agent = drawn.ref if drawn is not None else agent
         closure = await self.registry.resolve(agent)
         now = time.time()
         record = ConversationRecord(
@@ -111,6 +114,8 @@ class Conversations:
         await self.store.create_conversation(record)
         if history:
             await self.store.append_messages(record.id, "", list(history), time.time())
+        if drawn is not None:
+            await drawn.record(self.store, record.id)
         return record
 
     async def get(self, conversation_id: str) -> ConversationRecord:

@@ -43,6 +43,7 @@ from ..providers.wellformed import WellFormedModel
 from ..tools.base import ToolContext, ToolPort
 from ..tools.confinement import Secrets
 from ..tools.skills import ActivateSkill, ReadSkillResource, skills_prompt
+from ..tools.stand_in import StandIns, StoodIn
 from ..tools.subagent import SubAgentTool
 from .budgets import Budget
 from .guard import Guarded
@@ -80,6 +81,7 @@ class Runtime:
         self.files = files
         self.metrics = metrics
         self.transcripts = transcripts  # None: hooks get no transcript_path
+        self.stand_ins: StandIns | None = None  # results given in place of tools (eval cases, §12)
 
     # --- models --------------------------------------------------------------
 
@@ -132,6 +134,8 @@ class Runtime:
         if skills:
             tools += [(ActivateSkill(skills), "allow"), (ReadSkillResource(skills), "allow")]
         redactor = self.secrets.redactor
+        if self.stand_ins is not None:
+            tools = [(StoodIn(tool, self.stand_ins), permission) for tool, permission in tools]
         return {tool.spec.name: Guarded(tool, permission, hooks, self.permissions, redactor,
                                         hook_name=getattr(tool, "hook_name", None))
                 for tool, permission in tools}

@@ -39,6 +39,8 @@ from ..deployment.swaps import Swapper, check_locked
 from ..deployment.vault import FileVault
 from ..deployment.watcher import watch
 from ..errors import CorralError
+from ..evals.on_swap import eval_on_swap
+from ..evals.runs import EvalRuns
 from ..metrics import Metrics
 from ..runtime.admission import Admission
 from ..runtime.budgets import Spending
@@ -84,6 +86,7 @@ class Service:
     permissions: PermissionBroker
     replica: Replica
     health: StoreHealth | None = None
+    evals: EvalRuns | None = None
     ready: bool = False
     stopping: anyio.Event = field(default_factory=anyio.Event)
     exit_code: int | None = None  # set when the process should exit on its own (a dead store)
@@ -116,7 +119,7 @@ async def _opened(settings: Settings) -> AsyncIterator[Service]:
     compiler = Compiler(settings.definitions)
     definitions = compiler.compile()  # DefinitionsInvalid propagates: refuse to start
     if settings.locked:
-        check_locked(definitions)
+        check_locked(definitions, settings.require_evals)
     store = open_store(settings)
     await store.open()  # a schema newer than this server knows refuses to start
     health = StoreHealth(store, settings.storage_grace_s)
@@ -138,6 +141,8 @@ async def _opened(settings: Settings) -> AsyncIterator[Service]:
                 tg.start_soon(_stop_when_the_store_dies, service)
                 await tg.start(mcp.run)
                 await tg.start(conversations.run)
+                assert service.evals is not None
+                await tg.start(service.evals.run)
                 await replica.recover_at_start()  # resumed turns run in the conversations' task group
                 await tg.start(replica.run)
                 if settings.watch:
@@ -176,15 +181,19 @@ def _assemble(settings: Settings, compiler: Compiler, definitions: DefinitionSet
     conversations = _conversations(settings, store, registry, runtime, hub, metrics)
     # a swap report's busy turns are every replica's: the store knows them all
     swapper = Swapper(compiler, registry, store.running_turns, store, hub.publish_global, metrics,
-                      locked=settings.locked, replica=store.replica)
+                      locked=settings.locked, replica=store.replica, require_evals=settings.require_evals)
     replica = Replica(store, lease_s=settings.lease_s, max_attempts=settings.max_attempts, hub=hub,
                       conversations=conversations, permissions=permissions, swapper=swapper,
                       set_digest=lambda: registry.current.digest, metrics=metrics)
     swapper.listeners.append(_mcp_follows_swaps(mcp, registry))
     swapper.listeners.append(_secrets_follow_swaps(secrets, registry))
     health.on_recovered.append(conversations.turns.record_unrecorded)
+    evals = EvalRuns(store, registry, conversations, runtime, hub.publish_global,
+                     max_concurrency=settings.eval_max_concurrency)
+    if settings.eval_on_swap:
+        swapper.listeners.append(eval_on_swap(evals))
     return Service(settings, compiler, registry, store, runtime, hub, metrics, conversations, Records(store),
-                   swapper, permissions, replica, health), mcp
+                   swapper, permissions, replica, health, evals), mcp
 
 
 def _conversations(settings: Settings, store: Store, registry: Registry, runtime: Runtime, hub: EventHub,

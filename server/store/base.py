@@ -44,6 +44,7 @@ from typing import Any, Protocol
 from ..errors import DuplicateIdempotencyKey
 from ..messages import Message
 from ..statuses import ConversationStatus, PermissionStatus
+from .evals import AliasRules, EvalRunQuery
 from .records import (
     UNSET,
     Admitted,
@@ -73,6 +74,7 @@ __all__ = [  # the records are re-exported: `from server.store.base import TurnR
     "Coordination",
     "DefinitionStore",
     "DuplicateIdempotencyKey",
+    "EvalStore",
     "EventRecord",
     "Holder",
     "Lifecycle",
@@ -276,8 +278,25 @@ class ContextStore(Notices, Protocol):
     # first: what a turn that ended did not pick up
 
 
+class EvalStore(Notices, Protocol):
+    """Eval runs (§12): a run is saved `running`, then ended once (`end_eval_run` changes only a
+    running one and says whether it did); the rules an alias follows, and its canary's draws."""
+
+    async def save_eval_run(self, run: dict[str, Any], started_at: float) -> None: ...
+    async def end_eval_run(self, run: dict[str, Any]) -> bool: ...
+    async def get_eval_run(self, run_id: str) -> dict[str, Any] | None: ...
+    async def list_eval_runs(self, query: EvalRunQuery) -> list[dict[str, Any]]: ...  # newest first
+    async def set_alias_rules(self, agent: str, alias: str, rules: AliasRules) -> None: ...
+    async def get_alias_rules(self, agent: str, alias: str) -> AliasRules: ...  # defaults when none
+    # canaries: the digest each conversation created on an alias with a canary drew; per digest drawn,
+    # the conversations created and their turns completed and failed
+    async def record_canary_draw(self, agent: str, alias: str, conversation_id: str, digest: str,
+                                 now: float) -> None: ...
+    async def canary_counts(self, agent: str, alias: str) -> dict[str, dict[str, int]]: ...
+
+
 class Store(Lifecycle, ConversationStore, TurnJournal, Coordination, DefinitionStore, PermissionStore,
-            ContextStore, Protocol):
+            ContextStore, EvalStore, Protocol):
     """Every port, as one store implements them (what the composition root opens and hands out).
 
     Every write either commits or raises `StorageError` (and tells `on_failure` first).

@@ -217,6 +217,37 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX messages_by_turn ON messages (conversation_id, turn_id, seq)",
         *SHARE_COPIES,
     ),
+    # 7: eval runs (§12); the rules an alias follows (require_evals, a canary) and the side each
+    # conversation created on an alias with a canary drew
+    (
+        """CREATE TABLE eval_runs (
+            id text PRIMARY KEY,
+            eval text NOT NULL,
+            eval_digest text NOT NULL,
+            agent_digest text NOT NULL,
+            status text NOT NULL,
+            started_at double precision NOT NULL,
+            body text NOT NULL
+        )""",
+        "CREATE INDEX eval_runs_by_eval ON eval_runs (eval, started_at)",
+        "CREATE INDEX eval_runs_by_digests ON eval_runs (agent_digest, eval_digest, status)",
+        """CREATE TABLE alias_rules (
+            agent text NOT NULL,
+            alias text NOT NULL,
+            require_evals boolean NOT NULL,
+            canary_digest text,
+            canary_weight double precision,
+            PRIMARY KEY (agent, alias)
+        )""",
+        """CREATE TABLE canary_draws (
+            conversation_id text PRIMARY KEY,
+            agent text NOT NULL,
+            alias text NOT NULL,
+            digest text NOT NULL,
+            created_at double precision NOT NULL
+        )""",
+        "CREATE INDEX canary_draws_by_alias ON canary_draws (agent, alias, digest)",
+    ),
 )
 
 

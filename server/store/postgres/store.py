@@ -42,6 +42,7 @@ from .context import ContextTables
 from .conversations import ConversationTables
 from .coordination import CoordinationTables
 from .definitions import DefinitionTables
+from .evals import EvalTables
 from .journal import JournalTables
 from .listener import Listener
 from .migrations import migrate
@@ -49,7 +50,7 @@ from .pool import CHANNEL, NOTICE_LIMIT
 
 
 class PostgresStore(ConversationTables, JournalTables, CoordinationTables, DefinitionTables, AuditTables,
-                    ContextTables):
+                    ContextTables, EvalTables):
     """`Store` on a PostgreSQL database; the schema is created or upgraded on open."""
 
     embedded = False

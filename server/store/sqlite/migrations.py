@@ -201,6 +201,37 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX messages_by_turn ON messages (conversation_id, turn_id, seq)",
         *SHARE_COPIES,
     ),
+    # 11: eval runs (§12); the rules an alias follows (require_evals, a canary) and the side each
+    # conversation created on an alias with a canary drew
+    (
+        """CREATE TABLE eval_runs (
+            id TEXT PRIMARY KEY,
+            eval TEXT NOT NULL,
+            eval_digest TEXT NOT NULL,
+            agent_digest TEXT NOT NULL,
+            status TEXT NOT NULL,
+            started_at REAL NOT NULL,
+            body TEXT NOT NULL
+        )""",
+        "CREATE INDEX eval_runs_by_eval ON eval_runs (eval, started_at)",
+        "CREATE INDEX eval_runs_by_digests ON eval_runs (agent_digest, eval_digest, status)",
+        """CREATE TABLE alias_rules (
+            agent TEXT NOT NULL,
+            alias TEXT NOT NULL,
+            require_evals INTEGER NOT NULL,
+            canary_digest TEXT,
+            canary_weight REAL,
+            PRIMARY KEY (agent, alias)
+        )""",
+        """CREATE TABLE canary_draws (
+            conversation_id TEXT PRIMARY KEY,
+            agent TEXT NOT NULL,
+            alias TEXT NOT NULL,
+            digest TEXT NOT NULL,
+            created_at REAL NOT NULL
+        )""",
+        "CREATE INDEX canary_draws_by_alias ON canary_draws (agent, alias, digest)",
+    ),
 )
 
 

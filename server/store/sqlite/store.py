@@ -54,6 +54,7 @@ from .context import ContextTables
 from .conversations import ConversationTables
 from .coordination import CoordinationTables
 from .definitions import DefinitionTables
+from .evals import EvalTables
 from .journal import JournalTables
 from .migrations import migrate
 
@@ -66,7 +67,7 @@ PRAGMAS = (
 
 
 class SQLiteStore(ConversationTables, JournalTables, CoordinationTables, DefinitionTables, AuditTables,
-                  ContextTables):
+                  ContextTables, EvalTables):
     """`Store` on one SQLite file; the parent directory is created on open."""
 
     embedded = True
