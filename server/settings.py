@@ -39,6 +39,7 @@ class Settings(BaseSettings):
     lease_s: float = Field(default=10.0, gt=0)  # a replica silent this long loses its turns' leases
     replica_id: str = ""  # empty: host name and pid
     max_attempts: int = Field(default=3, ge=1)  # a turn cut off this many times fails with `interrupted`
+    a2a_public_cards: bool = False  # A2A agent cards without a key (they hold no conversation data)
 
     @field_validator("log_level", mode="before")
     @classmethod

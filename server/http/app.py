@@ -11,6 +11,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 
+from .. import a2a
 from ..errors import CorralError
 from ..mcp.mount import mcp_route
 from ..mcp.server import AgentsMCP
@@ -59,6 +60,7 @@ def create_app(settings: Settings) -> Starlette:
         *openapi.routes,
         *openai_compat.routes,
         *console.routes,
+        *a2a.routes,
         mcp,
     ]
     return Starlette(
@@ -84,5 +86,6 @@ def _middleware(settings: Settings) -> list[Middleware]:
                                      allow_headers=list(CORS_HEADERS), expose_headers=list(CORS_EXPOSED),
                                      max_age=600))
     return [*middleware,
-            Middleware(ApiKeys, keys=settings.keys),
+            Middleware(ApiKeys, keys=settings.keys,
+                       also_open=a2a.is_card_path if settings.a2a_public_cards else None),
             Middleware(BodyLimit, limit=settings.max_body_bytes, timeout_s=settings.body_timeout_s)]
