@@ -19,8 +19,18 @@ from pathlib import Path
 from ..compiler import documents
 from ..compiler.compiler import Compiler
 from ..compiler.definitions import DefinitionSet
-from ..compiler.lockfile import LOCK_FILE, Lock, LockError, catalog_drift, drift, read_lock, write_lock
+from ..compiler.lockfile import (
+    LOCK_FILE,
+    Lock,
+    LockError,
+    card_drift,
+    catalog_drift,
+    drift,
+    read_lock,
+    write_lock,
+)
 from ..errors import CorralError, DefinitionsInvalid, forms
+from .a2a_lock import a2a_cards
 
 DEFAULT_DIR = "definitions"
 DRIFT = forms("lock_mismatch").exit  # `lock --check`: no lock, an unreadable one, or drift
@@ -82,26 +92,31 @@ def cmd_lock(args: argparse.Namespace) -> int:
         print(f"error: no {LOCK_FILE} in {root}; run `corral lock {args.dir}` first", file=sys.stderr)
         return DRIFT
     catalogs = _mcp_catalogs(definitions, locked, args)
-    if catalogs is None:
+    cards = a2a_cards(definitions, locked, args.check) if catalogs is not None else None
+    if catalogs is None or cards is None:
         return forms("unreachable").exit
-    current = Lock.of(definitions, catalogs)
+    current = Lock.of(definitions, catalogs, cards)
     if not args.check:
         path = write_lock(root, current)
         print(f"wrote {path} ({len(current.definitions)} definitions, {len(current.mcp_catalogs)} MCP "
-              f"catalogs, set {current.digest})")
+              f"catalogs{_cards_written(current)}, set {current.digest})")
         return 0
     assert locked is not None
-    changes = drift(locked, current) + catalog_drift(locked, current)
+    changes = drift(locked, current) + catalog_drift(locked, current) + card_drift(locked, current)
     if not changes and locked.digest == current.digest:
         print(f"ok: matches {LOCK_FILE} (set {current.digest})")
         return 0
     if locked.digest == current.digest:
-        print(f"{LOCK_FILE} drift: MCP catalogs (set {current.digest} unchanged)")
+        print(f"{LOCK_FILE} drift: MCP catalogs or A2A cards (set {current.digest} unchanged)")
     else:
         print(f"{LOCK_FILE} drift: set {locked.digest} -> {current.digest}")
     for change in changes:
         print(f"  {change}")
     return DRIFT
+
+
+def _cards_written(lock: Lock) -> str:
+    return f", {len(lock.a2a_cards)} A2A cards" if lock.a2a_cards else ""
 
 
 def _mcp_catalogs(definitions: DefinitionSet, locked: Lock | None, args: argparse.Namespace) -> dict | None:

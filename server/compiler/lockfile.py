@@ -2,7 +2,9 @@
 
 JSON with sorted keys and a final newline, byte-stable for the same set:
 `{"version": 1, "digest", "definitions": {"kind/name": digest},
-"mcp_catalogs": {server: digest}}`.
+"mcp_catalogs": {server: digest}}`, and `"a2a_cards": {tool: digest}` (the
+canonical JSON of each `a2a` tool's agent card as served) only when there is
+one, so a lock without any stays byte-identical.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ class Lock:
     digest: str
     definitions: dict[str, str]
     mcp_catalogs: dict[str, str] = field(default_factory=dict)
+    a2a_cards: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, definitions: DefinitionSet, mcp_catalogs: dict[str, str] | None = None) -> Lock:
-        return cls(definitions.digest, definitions.digests(), dict(mcp_catalogs or {}))
+    def of(cls, definitions: DefinitionSet, mcp_catalogs: dict[str, str] | None = None,
+           a2a_cards: dict[str, str] | None = None) -> Lock:
+        return cls(definitions.digest, definitions.digests(), dict(mcp_catalogs or {}), dict(a2a_cards or {}))
 
     def render(self) -> str:
         body = {
@@ -36,6 +40,8 @@ class Lock:
             "definitions": self.definitions,
             "mcp_catalogs": self.mcp_catalogs,
         }
+        if self.a2a_cards:
+            body["a2a_cards"] = self.a2a_cards
         return json.dumps(body, indent=2, sort_keys=True) + "\n"
 
 
@@ -55,7 +61,8 @@ def read_lock(root: Path) -> Lock | None:
     if not isinstance(data, dict) or data.get("version") != VERSION:
         raise LockError(f"{LOCK_FILE} has no supported version (expected {VERSION})")
     try:
-        return Lock(str(data["digest"]), dict(data["definitions"]), dict(data.get("mcp_catalogs", {})))
+        return Lock(str(data["digest"]), dict(data["definitions"]), dict(data.get("mcp_catalogs", {})),
+                    dict(data.get("a2a_cards", {})))
     except (KeyError, TypeError, ValueError):
         raise LockError(f"{LOCK_FILE} is missing `digest` or `definitions`") from None
 
@@ -92,6 +99,12 @@ def catalog_drift(lock: Lock, current: Lock) -> list[Drift]:
     """What differs between the locked and the observed MCP catalogs, as `mcp/SERVER` refs."""
     return _diff({f"mcp/{k}": v for k, v in lock.mcp_catalogs.items()},
                  {f"mcp/{k}": v for k, v in current.mcp_catalogs.items()})
+
+
+def card_drift(lock: Lock, current: Lock) -> list[Drift]:
+    """What differs between the locked and the observed A2A cards, as `a2a/TOOL` refs."""
+    return _diff({f"a2a/{k}": v for k, v in lock.a2a_cards.items()},
+                 {f"a2a/{k}": v for k, v in current.a2a_cards.items()})
 
 
 def _diff(locked: dict[str, str], current: dict[str, str]) -> list[Drift]:

@@ -49,6 +49,7 @@ from .loop import Done, TurnPlan, run_turn
 from .structured import OutputSchema
 
 if TYPE_CHECKING:
+    from ..tools.a2a import A2ACards
     from .hooks import Hooks, Transcript
     from .permissions import PermissionBroker
 
@@ -69,8 +70,9 @@ class Runtime:
                  mcp: MCPToolSource | None = None, permissions: PermissionBroker | None = None,
                  files: FileVault = NO_VAULT,
                  metrics: Metrics | None = None, secrets: Secrets | None = None,
-                 transcripts: Path | None = None):
+                 transcripts: Path | None = None, a2a: A2ACards | None = None):
         self.http = http
+        self.a2a = a2a  # remote A2A agents: the lock's cards, drift, contexts (made on first use)
         self.environ = os.environ if environ is None else environ
         self.secrets = Secrets(self.environ) if secrets is None else secrets
         self.mcp = mcp
@@ -146,6 +148,12 @@ class Runtime:
         return [(tool, "allow") for tool in await self.mcp.tools(server, closure.root, only=only or None)]
 
     def _tool(self, definition: ToolDefinition) -> ToolPort:
+        if definition.a2a is not None:
+            from ..tools.a2a import A2ACards, A2ATool
+
+            if self.a2a is None:
+                self.a2a = A2ACards()
+            return A2ATool(definition, self.a2a)
         if definition.command is not None:
             from ..tools.command import CommandTool
 
