@@ -95,10 +95,10 @@ def waiting_message(task_id: str, context_id: str, requests: Sequence[dict[str, 
     return agent_message(task_id, context_id, "asks", text, data={"permission_requests": list(requests)})
 
 
-def status_message(task_id: str, context_id: str, status: str, output: str | None,
+def status_message(task_id: str, context_id: str, status: str,
                    error: dict[str, Any] | None) -> Message | None:
-    if status == "completed":
-        return agent_message(task_id, context_id, "out", output or "")
+    """What a task's status says besides its state: why it failed or stopped (a completed task's answer
+    is its artifact, and the last message of its history)."""
     if status == "failed" and error:
         return agent_message(task_id, context_id, "error", f"[{error.get('code')}] {error.get('message')}",
                              metadata={"error": error})
@@ -115,7 +115,7 @@ def task(*, turn_id: str, context_id: str, digest: str, status: str, text_in: st
     if requests:
         state = TASK_STATE_INPUT_REQUIRED
     message = (waiting_message(turn_id, context_id, requests) if requests
-               else status_message(turn_id, context_id, status, output, error))
+               else status_message(turn_id, context_id, status, error))
     out = Task(id=turn_id, context_id=context_id,
                status=TaskStatus(state=state, message=message, timestamp=_stamp(at)),
                metadata=_struct({"digest": digest}))
@@ -170,10 +170,10 @@ class EventTranslator:
         if name == "turn.completed":
             output = str(data.get("output") or "")
             return [answer_event(t, c, output, append=False, last=True),
-                    status_event(t, c, TASK_STATE_COMPLETED, agent_message(t, c, "out", output))]
+                    status_event(t, c, TASK_STATE_COMPLETED)]
         if name == "turn.failed":
-            failure = status_message(t, c, "failed", None, data.get("error"))
+            failure = status_message(t, c, "failed", data.get("error"))
             return [status_event(t, c, TASK_STATE_FAILED, failure)]
         if name == "turn.cancelled":
-            return [status_event(t, c, TASK_STATE_CANCELED, status_message(t, c, "cancelled", None, None))]
+            return [status_event(t, c, TASK_STATE_CANCELED, status_message(t, c, "cancelled", None))]
         return []
