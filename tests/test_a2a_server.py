@@ -337,9 +337,23 @@ async def test_the_0_3_method_names_on_the_wire(http: httpx.AsyncClient) -> None
     # the SDK's own 0.3 client, from a card that offers only the 0.3 interface
     card = await A2ACardResolver(http, f"{base(http)}/a2a/helper").get_agent_card()
     del card.supported_interfaces[0]
-    old = await create_client(card, client_config=ClientConfig(httpx_client=http, streaming=False))
-    answered = await only_task(old, said("say through 0.3"))
-    assert get_artifact_text(answered.artifacts[0]) == "said through 0.3"
+    wire: list[tuple[str, str]] = []
+
+    async def note(request: httpx.Request) -> None:
+        wire.append((request.headers.get("a2a-version", ""), json.loads(request.content)["method"]))
+
+    async with httpx.AsyncClient(headers=AUTH, timeout=30, trust_env=False,
+                                 event_hooks={"request": [note]}) as watched:
+        old = await create_client(card, client_config=ClientConfig(httpx_client=watched, streaming=False))
+        answered = await only_task(old, said("say through 0.3"))
+        assert get_artifact_text(answered.artifacts[0]) == "said through 0.3"
+        streaming = ClientConfig(httpx_client=watched, streaming=True)
+        old_stream = await create_client(card, client_config=streaming)
+        events = await streamed(old_stream, said("say streamed in 0.3"))
+    assert wire == [("0.3", "message/send"), ("0.3", "message/stream")]
+    assert events[-1].status_update.status.state == TASK_STATE_COMPLETED
+    chunks = [e.artifact_update for e in events if e.HasField("artifact_update")]
+    assert get_artifact_text(chunks[-1].artifact) == "said streamed in 0.3"
 
 
 async def test_errors_come_from_the_error_table(http: httpx.AsyncClient) -> None:
