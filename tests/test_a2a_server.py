@@ -194,6 +194,14 @@ async def test_send_answers_with_the_task_and_a_follow_up_continues_the_context(
     assert got.status.state == TASK_STATE_COMPLETED and get_artifact_text(got.artifacts[0]) == "said again"
     listed = await client.list_tasks(ListTasksRequest(context_id=first.context_id, include_artifacts=True))
     assert [t.id for t in listed.tasks] == [second.id, first.id] and listed.total_size == 2
+    paged = await client.list_tasks(ListTasksRequest(context_id=first.context_id, page_size=1))
+    assert [t.id for t in paged.tasks] == [second.id] and paged.next_page_token
+    rest = await client.list_tasks(ListTasksRequest(context_id=first.context_id, page_size=1,
+                                                    page_token=paged.next_page_token))
+    assert [t.id for t in rest.tasks] == [first.id] and not rest.next_page_token
+    everywhere = await client.list_tasks(ListTasksRequest(status=TASK_STATE_COMPLETED))  # every context
+    assert {first.id, second.id} <= {t.id for t in everywhere.tasks}
+    assert all(t.status.state == TASK_STATE_COMPLETED for t in everywhere.tasks)
     with pytest.raises(TaskNotFoundError):
         await client.get_task(GetTaskRequest(id="turn_nothing"))
     other = await a2a_client(http, "other")  # another agent's endpoint does not show helper's tasks

@@ -19,7 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
-from server.canonical import digest_of
+from server.canonical import digest_of, thaw
+from server.compiler.compiler import Compiler
+from server.compiler.definitions import ToolDefinition
+from server.errors import DefinitionsInvalid
 from tests.support.servers import REPO, ServerProcess, clean_environ
 from tests.support.trees import write_atomic, write_tree
 
@@ -141,3 +144,27 @@ async def test_lock_pins_the_card_and_a_drifted_card_is_reported_and_refused_in_
                 answer = await ask(client, await new_conversation(client), "ask say hi")
             assert answer["output"] == "remote said: said hi"
             assert "A2A tool ask_remote: agent card drifted" in server.stderr
+
+
+def test_an_a2a_tool_compiles_with_a_message_schema_and_its_mistakes_are_named(tmp_path: Path) -> None:
+    defs = local_definitions(tmp_path / "good", "http://127.0.0.1:1")
+    tool = Compiler(defs).compile().get("Tool", "ask_remote")
+    assert isinstance(tool, ToolDefinition) and tool.a2a is not None
+    assert thaw(tool.input_schema) == {"type": "object", "properties": {"message": {"type": "string"}},
+                                       "required": ["message"]}
+    # the secret stays a reference: its value never enters the spec or the digest
+    assert thaw(tool.a2a)["headers"] == {"Authorization": "Bearer ${REMOTE_KEY}"}
+    bad = [
+        {"kind": "Tool", "name": "both", "a2a": {"url": "http://127.0.0.1:1/a2a/x"},
+         "command": {"argv": ["true"]}},
+        {"kind": "Tool", "name": "nowhere", "a2a": {"url": "ftp://example.com/card.json"}},
+        {"kind": "Tool", "name": "typo", "a2a": {"url": "http://127.0.0.1:1/a2a/x", "header": {}}},
+    ]
+    root = write_tree(tmp_path / "bad", {"defs.yaml": "\n---\n".join(json.dumps(d) for d in bad)})
+    with pytest.raises(DefinitionsInvalid) as raised:
+        Compiler(root).compile()
+    problems = {(e.name, e.field): e.message for e in raised.value.errors}
+    assert any(name == "both" and "exactly one of `http`, `command` or `a2a`" in message
+               for (name, _), message in problems.items()), problems
+    assert any(name == "nowhere" and "a2a.url" in field for name, field in problems), problems
+    assert any(name == "typo" and "header" in field for name, field in problems), problems
