@@ -33,7 +33,7 @@ from a2a.types.a2a_pb2 import (
 from tests.support.nginx import NginxProxy
 from tests.support.postgres import PostgresServer
 from tests.support.servers import ServerProcess
-from tests.support.trees import gated_definitions
+from tests.support.trees import gated_definitions, open_gate
 
 pytestmark = pytest.mark.anyio
 
@@ -108,3 +108,21 @@ async def test_a2a_through_nginx_in_front_of_the_two_replicas(pair: list[ServerP
             assert get_artifact_text(answered.artifacts[0]) == "echo: through the proxy"
         served = proxy.served_by()
     assert set(served) == {s.url.removeprefix("http://") for s in pair}, proxy.access_log()
+
+
+async def test_a_subscription_on_one_replica_follows_a_task_running_on_the_other_to_its_end(
+        pair: list[ServerProcess], tmp_path: Path) -> None:
+    a, b = pair
+    gate = tmp_path / "gate"
+    async with httpx.AsyncClient(timeout=60, trust_env=False) as http:
+        task = await send(await client_of(http, a.url), f"wait {gate}", now=True)
+        seen = []
+        with anyio.fail_after(30):
+            async for event in (await client_of(http, b.url, streaming=True)).subscribe(
+                    SubscribeToTaskRequest(id=task.id)):
+                seen.append(event)
+                if len(seen) == 1:
+                    open_gate(gate)  # the turn goes on, on a; b's stream sees it through the store
+    assert seen[-1].status_update.status.state == TASK_STATE_COMPLETED
+    answers = [get_artifact_text(e.artifact_update.artifact) for e in seen if e.HasField("artifact_update")]
+    assert answers[-1] == "passed the gate"
