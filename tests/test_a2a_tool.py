@@ -10,6 +10,7 @@ of the `ask_remote` tool with message X and answers "remote said: <the tool's re
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -57,7 +58,7 @@ def local_definitions(root: Path, remote_url: str) -> Path:
 def remote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("remote")
     with ServerProcess(remote_definitions(root / "defs"), root / "state",
-                       env={"CORRAL_API_KEYS": REMOTE_KEY}) as running:
+                       env={"CORRAL_API_KEYS": REMOTE_KEY, "CORRAL_LOG_LEVEL": "debug"}) as running:
         yield running
 
 
@@ -98,7 +99,7 @@ def corral_lock(defs: Path, *args: str) -> subprocess.CompletedProcess[str]:
 async def test_the_tool_asks_the_remote_agent_and_a_follow_up_continues_its_context(
         remote: ServerProcess, tmp_path: Path) -> None:
     defs = local_definitions(tmp_path / "defs", remote.url)
-    with local(defs, tmp_path / "state") as server:
+    with local(defs, tmp_path / "state", CORRAL_LOG_LEVEL="debug") as server:
         async with httpx.AsyncClient(base_url=server.url, timeout=60, trust_env=False) as client:
             conversation = await new_conversation(client)
             first = await ask(client, conversation, "ask say hello")
@@ -108,6 +109,9 @@ async def test_the_tool_asks_the_remote_agent_and_a_follow_up_continues_its_cont
             other = await new_conversation(client)
             assert (await ask(client, other, "ask say elsewhere"))["output"] == "remote said: said elsewhere"
         assert REMOTE_KEY not in server.stderr  # the secret header is never logged
+        # nor, at debug, what the SDK would log: the card it fetched, the bodies it sent or received
+        assert not re.search(r"(DEBUG|INFO) a2a\.", server.stderr + remote.stderr)
+        assert "say hello" not in remote.stderr
     assert (await remote_turn_inputs(remote))[-2:] == [["say hello", "say again"], ["say elsewhere"]]
 
 
