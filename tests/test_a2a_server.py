@@ -401,3 +401,17 @@ async def test_public_cards_need_no_key_but_the_endpoint_does(tmp_path: Path) ->
                                                              "params": {"id": "x"}})
             assert call.status_code == 401
             assert (await anonymous.get("/v1/agents")).status_code == 401
+
+
+async def test_a_streamed_decision_streams_the_task_on_to_its_end(http: httpx.AsyncClient) -> None:
+    client = await a2a_client(http, streaming=True)
+    asked = (await streamed(client, said("risky three")))[-1].status_update
+    assert asked.status.state == TASK_STATE_INPUT_REQUIRED
+    (request,) = asked_requests(asked.status.message)
+    task = Task(id=asked.task_id, context_id=asked.context_id)
+    events = await streamed(client, decision(task, request["request_id"], "allow"))
+    assert events[0].task.id == task.id  # the same task, followed on (its answered request not asked again)
+    states = [e.status_update.status.state for e in events if e.HasField("status_update")]
+    assert TASK_STATE_INPUT_REQUIRED not in states and states[-1] == TASK_STATE_COMPLETED
+    chunks = [e.artifact_update for e in events if e.HasField("artifact_update")]
+    assert get_artifact_text(chunks[-1].artifact) == "tool said: ran three"
