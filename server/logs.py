@@ -15,7 +15,8 @@ import time
 from contextvars import ContextVar
 
 request_id: ContextVar[str | None] = ContextVar("request_id", default=None)
-QUIET_LOGGERS = ("httpx", "httpcore", "httpx2", "httpcore2")
+# The a2a-sdk logs whole request bodies (a conversation's text) at debug and every card it fetches at info.
+QUIET_LOGGERS = ("httpx", "httpcore", "httpx2", "httpcore2", "a2a")
 
 
 class _RequestIdFilter(logging.Filter):
@@ -53,6 +54,7 @@ def configure(level: str = "info", fmt: str = "text") -> None:
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
-    # HTTP clients log each request's full URL, and a tool's URL may hold a resolved ${VAR}.
+    # HTTP clients log each request's full URL, and a tool's URL may hold a resolved ${VAR}; the A2A SDK,
+    # bodies and cards (see QUIET_LOGGERS).
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(max(logging.WARNING, root.level))

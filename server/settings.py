@@ -45,6 +45,7 @@ class Settings(BaseSettings):
     eval_max_concurrency: int = Field(default=4, gt=0)
     eval_on_swap: bool = False  # run the affected evals after each applied swap, in the background
     require_evals: bool = False  # `--locked` also needs a passing run of each eval in corral.lock
+    a2a_public_cards: bool = False  # A2A agent cards without a key (they hold no conversation data)
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -148,6 +148,12 @@ async def test_the_console_shows_and_steers_a_live_server(tmp_path: Path) -> Non
                 await page.get_by_role("link", name="careful").first.click()
                 await expect(page.get_by_role("heading", name="careful", level=1)).to_be_visible()
                 await expect(page.get_by_text("1 of 3 definitions differ")).to_be_visible()  # old vs new spec
+                card_url = f"{url}/a2a/careful/.well-known/agent-card.json"  # beside its MCP tool name
+                facts = page.locator("dl.facts")
+                await expect(facts.get_by_text("careful", exact=True)).to_be_visible()
+                await expect(facts.locator("code.a2a-card")).to_have_text(card_url)
+                async with httpx.AsyncClient(timeout=30, trust_env=False) as plain:
+                    assert (await plain.get(card_url)).json()["version"] == agent_digest(defs, "careful")
                 aliases = page.get_by_role("region", name="Aliases")
                 await aliases.get_by_role("textbox", name="Alias").fill("prod")
                 await aliases.get_by_role("button", name="Point alias").click()  # at the current digest

@@ -23,6 +23,7 @@ from ..compiler.lockfile import (
     LOCK_FILE,
     Lock,
     LockError,
+    card_drift,
     catalog_drift,
     drift,
     missing_evals,
@@ -30,6 +31,7 @@ from ..compiler.lockfile import (
     write_lock,
 )
 from ..errors import CorralError, DefinitionsInvalid, forms
+from .a2a_lock import a2a_cards
 
 DEFAULT_DIR = "definitions"
 DRIFT = forms("lock_mismatch").exit  # `lock --check`: no lock, an unreadable one, or drift
@@ -91,24 +93,25 @@ def cmd_lock(args: argparse.Namespace) -> int:
         print(f"error: no {LOCK_FILE} in {root}; run `corral lock {args.dir}` first", file=sys.stderr)
         return DRIFT
     catalogs = _mcp_catalogs(definitions, locked, args)
-    if catalogs is None:
+    cards = a2a_cards(definitions, locked, args.check) if catalogs is not None else None
+    if catalogs is None or cards is None:
         return forms("unreachable").exit
     evals = _evals_to_lock(definitions, locked, args)
     if evals is None:
         print(f"error: an eval did not pass: {LOCK_FILE} not written", file=sys.stderr)
         return forms("lock_mismatch").exit
-    current = Lock.of(definitions, catalogs, evals)
+    current = Lock.of(definitions, catalogs, evals, a2a_cards=cards)
     if not args.check:
         path = write_lock(root, current)
         print(f"wrote {path} ({len(current.definitions)} definitions, {len(current.mcp_catalogs)} MCP "
-              f"catalogs, set {current.digest})")
+              f"catalogs{_cards_written(current)}, set {current.digest})")
         return 0
     assert locked is not None
-    changes = drift(locked, current) + catalog_drift(locked, current)
+    changes = drift(locked, current) + catalog_drift(locked, current) + card_drift(locked, current)
     if not changes and locked.digest == current.digest:
         return _check_evals(locked, definitions, args)
     if locked.digest == current.digest:
-        print(f"{LOCK_FILE} drift: MCP catalogs (set {current.digest} unchanged)")
+        print(f"{LOCK_FILE} drift: MCP catalogs or A2A cards (set {current.digest} unchanged)")
     else:
         print(f"{LOCK_FILE} drift: set {locked.digest} -> {current.digest}")
     for change in changes:
@@ -139,6 +142,10 @@ def _check_evals(locked: Lock, definitions: DefinitionSet, args: argparse.Namesp
     for gap in gaps:
         print(f"  {gap['message']}")
     return DRIFT
+
+
+def _cards_written(lock: Lock) -> str:
+    return f", {len(lock.a2a_cards)} A2A cards" if lock.a2a_cards else ""
 
 
 def _mcp_catalogs(definitions: DefinitionSet, locked: Lock | None, args: argparse.Namespace) -> dict | None:

@@ -92,6 +92,7 @@ class ToolDefinition(Definition):
     input_schema: Mapping[str, Any]
     http: Mapping[str, Any] | None = None
     command: Mapping[str, Any] | None = None
+    a2a: Mapping[str, Any] | None = None  # {url, headers, timeout_s}: a remote A2A agent
     permission: str = "allow"
     replay: str = "unsafe"  # absent from the spec when it is the default (see `normalize`)
     files: Mapping[str, str] = field(default_factory=dict)

@@ -206,6 +206,24 @@ class CommandAction(Strict):
         return v
 
 
+class A2AAction(Strict):
+    """A remote A2A agent as a tool: its card's URL (or the agent's base URL), headers (`${VAR}` secrets)."""
+
+    url: str
+    headers: dict[str, str] = Field(default_factory=dict)
+    timeout_s: Seconds = 120.0
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not re.match(r"^https?://[^\s/]+", v):
+            raise ValueError("must be an http:// or https:// URL")
+        return v
+
+
+A2A_INPUT_SCHEMA = {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]}
+
+
 class ToolDocument(Document):
     kind: Literal["Tool"]
     name: ToolName
@@ -214,6 +232,7 @@ class ToolDocument(Document):
     )
     http: HttpAction | None = None
     command: CommandAction | None = None
+    a2a: A2AAction | None = None  # one SendMessage per call to a remote A2A agent (§14)
     permission: Literal["allow", "ask", "deny"] = "allow"
     # May a call whose outcome a crash left unknown run again? Only the author knows (§9).
     replay: Literal["safe", "unsafe"] = "unsafe"
@@ -232,8 +251,10 @@ class ToolDocument(Document):
 
     @model_validator(mode="after")
     def _one_action(self) -> ToolDocument:
-        if (self.http is None) == (self.command is None):
-            raise ValueError("a tool needs exactly one of `http` or `command`")
+        if [self.http, self.command, self.a2a].count(None) != 2:
+            raise ValueError("a tool needs exactly one of `http`, `command` or `a2a`")
+        if self.a2a is not None and "input_schema" not in self.model_fields_set:
+            object.__setattr__(self, "input_schema", dict(A2A_INPUT_SCHEMA))  # {"message": string}
         known = set(self.input_schema.get("properties", {}))
         for path, text in self.template_fields():
             for name in templates.placeholders(text):
@@ -245,6 +266,8 @@ class ToolDocument(Document):
         """Every string that may hold placeholders, with its path in the document."""
         if self.command is not None:
             return [(("command", "argv", i), item) for i, item in enumerate(self.command.argv)]
+        if self.a2a is not None:
+            return []  # no placeholders: the arguments are the message
         assert self.http is not None
         headers = [(("http", "headers", k), v) for k, v in self.http.headers.items()]
         return [(("http", "url"), self.http.url), *headers, *_strings(self.http.body, ("http", "body"))]

@@ -2,10 +2,12 @@
 
 JSON with sorted keys and a final newline, byte-stable for the same set:
 `{"version": 1, "digest", "definitions": {"kind/name": digest},
-"mcp_catalogs": {server: digest}}`, and with `corral lock --evals` (§12)
+"mcp_catalogs": {server: digest}}`, with `corral lock --evals` (§12)
 `"evals": {"agent/NAME": {"eval/EVAL": {"digest": EVAL_DIGEST, "run": RUN_ID,
 "score"}}}`: the passing run of each Eval of each agent, for the agent digest
-the lock records (no `evals` key when none was recorded).
+the lock records (no `evals` key when none was recorded), and `"a2a_cards":
+{tool: digest}` (the canonical JSON of each `a2a` tool's agent card as served)
+only when there is one, so a lock without either stays byte-identical.
 """
 
 from __future__ import annotations
@@ -28,11 +30,14 @@ class Lock:
     definitions: dict[str, str]
     mcp_catalogs: dict[str, str] = field(default_factory=dict)
     evals: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    a2a_cards: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, definitions: DefinitionSet, mcp_catalogs: dict[str, str] | None = None,
-           evals: dict[str, dict[str, dict[str, Any]]] | None = None) -> Lock:
-        return cls(definitions.digest, definitions.digests(), dict(mcp_catalogs or {}), dict(evals or {}))
+           evals: dict[str, dict[str, dict[str, Any]]] | None = None,
+           a2a_cards: dict[str, str] | None = None) -> Lock:
+        return cls(definitions.digest, definitions.digests(), dict(mcp_catalogs or {}), dict(evals or {}),
+                   dict(a2a_cards or {}))
 
     def render(self) -> str:
         body: dict[str, Any] = {
@@ -43,6 +48,8 @@ class Lock:
         }
         if self.evals:
             body["evals"] = self.evals
+        if self.a2a_cards:
+            body["a2a_cards"] = self.a2a_cards
         return json.dumps(body, indent=2, sort_keys=True) + "\n"
 
     def evals_still_valid(self, definitions: DefinitionSet) -> dict[str, dict[str, dict[str, Any]]]:
@@ -75,7 +82,8 @@ def read_lock(root: Path) -> Lock | None:
         raise LockError(f"{LOCK_FILE} has no supported version (expected {VERSION})")
     try:
         return Lock(str(data["digest"]), dict(data["definitions"]), dict(data.get("mcp_catalogs", {})),
-                    {str(a): dict(runs) for a, runs in dict(data.get("evals", {})).items()})
+                    {str(a): dict(runs) for a, runs in dict(data.get("evals", {})).items()},
+                    dict(data.get("a2a_cards", {})))
     except (KeyError, TypeError, ValueError):
         raise LockError(f"{LOCK_FILE} is missing `digest` or `definitions`") from None
 
@@ -127,6 +135,12 @@ def catalog_drift(lock: Lock, current: Lock) -> list[Drift]:
     """What differs between the locked and the observed MCP catalogs, as `mcp/SERVER` refs."""
     return _diff({f"mcp/{k}": v for k, v in lock.mcp_catalogs.items()},
                  {f"mcp/{k}": v for k, v in current.mcp_catalogs.items()})
+
+
+def card_drift(lock: Lock, current: Lock) -> list[Drift]:
+    """What differs between the locked and the observed A2A cards, as `a2a/TOOL` refs."""
+    return _diff({f"a2a/{k}": v for k, v in lock.a2a_cards.items()},
+                 {f"a2a/{k}": v for k, v in current.a2a_cards.items()})
 
 
 def _diff(locked: dict[str, str], current: dict[str, str]) -> list[Drift]:

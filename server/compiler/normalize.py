@@ -187,6 +187,8 @@ class Normalizer:
         # out of the spec, so a Tool written before it, or with `replay: unsafe`, keeps its digest.
         if out.spec.get("replay") == "unsafe":
             del out.spec["replay"]
+        if out.spec.get("a2a", "") is None:  # came later too (§14): a Tool without it keeps its digest
+            del out.spec["a2a"]
         command = out.spec.get("command")
         if command is not None:
             out.spec["files"] = {}

@@ -59,7 +59,7 @@ export async function agentView(main, ref, isCurrent) {
   const aliasesBox = h("div");
   const diffBox = h("div");
   const evalsBox = h("div", {}, h("p.muted", {}, "Loading…"));
-  fill(main, h("div.view", {}, agentHead(name, closure), agentFacts(closure),
+  fill(main, h("div.view", {}, agentHead(name, closure), agentFacts(closure, ref),
     card("closure-h", "Closure",
       h("p.muted", {}, "Everything a turn of this digest runs on: change any of them and the agent's "
         + "digest changes."),
@@ -93,11 +93,14 @@ function agentHead(name, closure) {
       h("a.button", { href: `#/conversations?agent=${encodeURIComponent(name)}` }, "Conversations")));
 }
 
-function agentFacts(closure) {
+function agentFacts(closure, ref) {
   const agent = closure.definitions[0];
+  // how other programs reach it: the MCP tool named after it, and its A2A card (of the reference shown)
+  const card = `${location.origin}/a2a/${ref}/.well-known/agent-card.json`;
   const facts = [["Digest", digest(closure.digest)], ["Source", sourceButton(agent, () => showSpec(agent))],
     ["Model", agent.spec.model], ["On busy", agent.spec.on_busy],
-    ["Max steps", String(agent.spec.max_steps)]];
+    ["Max steps", String(agent.spec.max_steps)], ["MCP tool", h("code", {}, agent.name)],
+    ["A2A card", h("code.a2a-card", { title: "The agent's A2A card (version = its digest)" }, card)]];
   return h("dl.facts", {}, facts.map(([term, value]) => [h("dt", {}, term), h("dd", {}, value)]));
 }
 

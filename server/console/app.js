@@ -117,6 +117,8 @@ function onServerEvent({ name, data }) {
     }
   } else if (name === "mcp.catalog_drift") {
     toast(`MCP server ${data.server}: its tool catalog drifted from the lock`, "error");
+  } else if (name === "a2a.card_drift") {
+    toast(`A2A tool ${data.tool}: its agent card drifted from the lock`, "error");
   }
 }
 

@@ -11,6 +11,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 
+from .. import a2a
 from ..errors import CorralError
 from ..mcp.mount import mcp_route
 from ..mcp.server import AgentsMCP
@@ -64,6 +65,7 @@ def create_app(settings: Settings) -> Starlette:
         *openapi.routes,
         *openai_compat.routes,
         *console.routes,
+        *a2a.routes,
         mcp,
     ]
     return Starlette(
@@ -89,6 +91,7 @@ def _middleware(settings: Settings) -> list[Middleware]:
                                      allow_headers=list(CORS_HEADERS), expose_headers=list(CORS_EXPOSED),
                                      max_age=600))
     return [*middleware,
-            Middleware(ApiKeys, keys=settings.keys),
+            Middleware(ApiKeys, keys=settings.keys,
+                       also_open=a2a.is_card_path if settings.a2a_public_cards else None),
             Middleware(BodyLimit, limit=settings.max_body_bytes, timeout_s=settings.body_timeout_s),
             Middleware(InboundTrace)]  # a request's `traceparent`: the turns it starts are its children

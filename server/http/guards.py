@@ -10,6 +10,7 @@ import hmac
 import json
 import re
 import uuid
+from collections.abc import Callable
 
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -41,9 +42,10 @@ class ApiKeys:
     """With keys configured, every route but /healthz and the console's page and files needs
     `Authorization: Bearer KEY`."""
 
-    def __init__(self, app: ASGIApp, keys: tuple[str, ...]):
+    def __init__(self, app: ASGIApp, keys: tuple[str, ...], also_open: Callable[[str], bool] | None = None):
         self.app = app
         self.keys = tuple(k.encode() for k in keys)
+        self.also_open = also_open  # paths published without a key by a setting (A2A cards)
 
     def _allowed(self, scope: Scope) -> bool:
         for name, value in scope["headers"]:
@@ -57,7 +59,8 @@ class ApiKeys:
         return False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.keys or is_open(scope["path"]):
+        if scope["type"] != "http" or not self.keys or is_open(scope["path"]) or (
+                self.also_open is not None and scope["method"] == "GET" and self.also_open(scope["path"])):
             return await self.app(scope, receive, send)
         if not self._allowed(scope):
             return await reject(send, "unauthorized", "missing or invalid API key",

@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from .. import __version__
+from .. import __version__, a2a
 from ..errors import ERRORS, TURN_FAILURES, forms
 from . import (
     agents,
@@ -148,6 +148,9 @@ DOCS: dict[Callable[..., Any] | type, Doc] = {
                        ("invalid_request", "not_found", *STORE), query=(("wait", "number"),)),
     evals.agent_evals: Doc("For an agent digest: each of its Evals at its current digest, the latest run, "
                            "passed (true, false, or null when never run)", REF),
+    # A2A answers its JSON-RPC errors in JSON-RPC (see `a2a.failures`); over HTTP, an unknown agent's 404.
+    a2a.agent_card: Doc("The A2A agent card of an agent reference (version = its digest)", REF),
+    a2a.jsonrpc: Doc("A2A JSON-RPC (1.0 methods, and the 0.3 names)", REF),
     # `/mcp` answers MCP's own errors in JSON-RPC (see `mcp.server`); over HTTP, only the guards'.
     StreamableHTTPASGIApp: Doc("MCP over streamable HTTP: JSON-RPC (POST), its stream (GET), session end "
                                "(DELETE)", media=""),

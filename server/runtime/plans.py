@@ -52,6 +52,7 @@ from .structured import OutputSchema
 from .turn_traces import sub_agent_span
 
 if TYPE_CHECKING:
+    from ..tools.a2a import A2ACards
     from .hooks import Hooks, Transcript
     from .permissions import PermissionBroker
 
@@ -72,8 +73,9 @@ class Runtime:
                  mcp: MCPToolSource | None = None, permissions: PermissionBroker | None = None,
                  files: FileVault = NO_VAULT,
                  metrics: Metrics | None = None, secrets: Secrets | None = None,
-                 transcripts: Path | None = None):
+                 transcripts: Path | None = None, a2a: A2ACards | None = None):
         self.http = http
+        self.a2a = a2a  # remote A2A agents: the lock's cards, drift, contexts (made on first use)
         self.environ = os.environ if environ is None else environ
         self.secrets = Secrets(self.environ) if secrets is None else secrets
         self.mcp = mcp
@@ -153,6 +155,12 @@ class Runtime:
         return [(tool, "allow") for tool in await self.mcp.tools(server, closure.root, only=only or None)]
 
     def _tool(self, definition: ToolDefinition) -> ToolPort:
+        if definition.a2a is not None:
+            from ..tools.a2a import A2ACards, A2ATool
+
+            if self.a2a is None:
+                self.a2a = A2ACards()
+            return A2ATool(definition, self.a2a)
         if definition.command is not None:
             from ..tools.command import CommandTool
 

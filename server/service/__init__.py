@@ -177,7 +177,8 @@ def _assemble(settings: Settings, compiler: Compiler, definitions: DefinitionSet
     secrets = Secrets(os.environ, settings.keys)
     secrets.learn(d.spec for d in definitions)
     runtime = Runtime(client, mcp=mcp, permissions=permissions, metrics=metrics, files=files, secrets=secrets,
-                      transcripts=settings.state_dir / "transcripts")
+                      transcripts=settings.state_dir / "transcripts",
+                      a2a=_a2a_cards(definitions.root, settings.locked, hub))
     conversations = _conversations(settings, store, registry, runtime, hub, metrics)
     # a swap report's busy turns are every replica's: the store knows them all
     swapper = Swapper(compiler, registry, store.running_turns, store, hub.publish_global, metrics,
@@ -187,6 +188,7 @@ def _assemble(settings: Settings, compiler: Compiler, definitions: DefinitionSet
                       set_digest=lambda: registry.current.digest, metrics=metrics)
     swapper.listeners.append(_mcp_follows_swaps(mcp, registry))
     swapper.listeners.append(_secrets_follow_swaps(secrets, registry))
+    swapper.listeners.append(_a2a_follows_swaps(runtime, registry))
     health.on_recovered.append(conversations.turns.record_unrecorded)
     evals = EvalRuns(store, registry, conversations, runtime, hub.publish_global,
                      max_concurrency=settings.eval_max_concurrency)
@@ -233,6 +235,38 @@ def _mcp_connections(root: Path, locked: bool, hub: EventHub, files: FileVault) 
 
     return MCPConnections(expected=lock.mcp_catalogs if lock else None, locked=locked, on_drift=on_drift,
                           files=files)
+
+
+def _a2a_cards(root: Path, locked: bool, hub: EventHub):
+    """The A2A tools' card digests in corral.lock, and how a drift is reported (as MCP catalogs')."""
+    from ..tools.a2a import A2ACards
+
+    try:
+        lock = read_lock(root)
+    except LockError:
+        lock = None
+
+    def on_drift(tool: str, expected: str, observed: str) -> None:
+        log.warning("A2A tool %s: agent card drifted from corral.lock (%s -> %s)%s",
+                    tool, expected, observed, "; its calls are refused" if locked else "")
+        hub.publish_global("a2a.card_drift", {"tool": tool, "expected": expected, "observed": observed,
+                                              "refused": locked})
+
+    return A2ACards(lock.a2a_cards if lock else None, locked=locked, on_drift=on_drift)
+
+
+def _a2a_follows_swaps(runtime: Runtime, registry: Registry):
+    """After a swap: the lock's new card digests."""
+
+    async def on_swap(report: SwapReport) -> None:
+        try:
+            lock = read_lock(registry.current.root)
+        except LockError:
+            return
+        if runtime.a2a is not None:
+            runtime.a2a.expected = dict(lock.a2a_cards) if lock else {}
+
+    return on_swap
 
 
 def _mcp_follows_swaps(mcp: MCPConnections, registry: Registry):
