@@ -152,7 +152,7 @@ CASES = [
                          "api_key: sk-abc\n"}, "m.yaml:5:1", "Model/gpt", "api_key",
      "write secrets as ${ENV_VAR} references"),
     ("http-and-command", {"tools.yaml": TOOL + "http:\n  url: https://example.com\n"}, "tools.yaml:1:1",
-     "Tool/echo", "", "exactly one of `http` or `command`"),
+     "Tool/echo", "", "exactly one of `http`, `command` or `a2a`"),
     ("hook-event", {"h.yaml": "kind: Hook\nname: guard\nevent: PreTool\ncommand: ls\n"}, "h.yaml:3:1",
      "Hook/guard", "event", "'pre_tool_use'"),
     ("hook-matcher-regex", {"h.yaml": "kind: Hook\nname: guard\nevent: PreToolUse\nmatcher: 'ec(ho'\n"
