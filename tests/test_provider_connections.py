@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
-import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.responses import StreamingResponse
@@ -26,6 +25,7 @@ from server.messages import UserMessage
 from server.providers.anthropic import AnthropicProvider
 from server.providers.base import Finish, ModelRequest, TextDelta
 from server.providers.openai import OpenAIProvider
+from server.providers.transport import ModelHTTP
 from server.providers.wire import DRAIN_S
 from tests.fakes import FakeAnthropic, FakeOpenAI, Reply, serve
 
@@ -51,7 +51,7 @@ class ClientPorts:
         await self.app(scope, receive, send)
 
 
-def _provider(kind: str, base_url: str, client: httpx.AsyncClient):
+def _provider(kind: str, base_url: str, client: ModelHTTP):
     definition = ModelDefinition(
         name=f"{kind}-test", description="", digest="sha256:test", spec=freeze({}), provider=kind,
         model="m", base_url=base_url, timeout_s=5.0,
@@ -72,7 +72,7 @@ async def test_consecutive_calls_share_one_connection(kind: str) -> None:
     fake.script(*[Reply(text=f"answer {n}") for n in range(3)])
     recorder = ClientPorts(fake.app)
     with serve(recorder) as url:
-        async with httpx.AsyncClient(trust_env=False) as client:
+        async with ModelHTTP(trust_env=False) as client:
             port = _provider(kind, url + ("/v1" if kind == "openai" else ""), client)
             answers = [(await _text(port))[0] for _ in range(3)]
     assert answers == ["answer 0", "answer 1", "answer 2"]
@@ -101,7 +101,7 @@ async def _open_after_done(request) -> StreamingResponse:
 async def test_stream_left_open_after_done_still_completes() -> None:
     app = Starlette(routes=[Route("/v1/chat/completions", _open_after_done, methods=["POST"])])
     with serve(app, graceful_s=0.5) as url:
-        async with httpx.AsyncClient(trust_env=False) as client:
+        async with ModelHTTP(trust_env=False) as client:
             started = time.monotonic()
             text, chunks = await _text(_provider("openai", url + "/v1", client))
             elapsed = time.monotonic() - started

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-import httpx
 import pytest
 
 from server.canonical import freeze
@@ -32,6 +31,7 @@ from server.providers.base import (
 )
 from server.providers.openai import OpenAIProvider
 from server.providers.resilience import FallbackModel, RetryingModel
+from server.providers.transport import ModelHTTP
 from server.providers.wire import retry_after
 from tests.fakes import (
     Call,
@@ -66,7 +66,7 @@ class Wire:
     fake: Any
     base_url: str
 
-    def provider(self, client: httpx.AsyncClient, environ: Any = ENVIRON, **fields: Any) -> ModelPort:
+    def provider(self, client: ModelHTTP, environ: Any = ENVIRON, **fields: Any) -> ModelPort:
         fields = {"api_key": "${CORRAL_TEST_KEY}", "timeout_s": 5.0, "base_url": self.base_url} | fields
         definition = ModelDefinition(
             name=f"{self.kind}-test",
@@ -111,7 +111,7 @@ def anthropic(servers: dict[str, Wire]) -> Wire:
 
 @pytest.fixture
 async def client() -> Any:
-    async with httpx.AsyncClient(trust_env=False) as http:
+    async with ModelHTTP(trust_env=False) as http:
         yield http
 
 
@@ -143,7 +143,7 @@ class Sleeps(list):
 # -- streaming replies ---------------------------------------------------------------------------
 
 
-async def test_text_reply_streams_in_chunks_with_usage(wire: Wire, client: httpx.AsyncClient) -> None:
+async def test_text_reply_streams_in_chunks_with_usage(wire: Wire, client: ModelHTTP) -> None:
     wire.fake.script(Reply(text="Hello there, world!", chunks=3, usage=(12, 7)))
     chunks = await collect(wire.provider(client))
     deltas = [c for c in chunks if isinstance(c, TextDelta)]
@@ -152,7 +152,7 @@ async def test_text_reply_streams_in_chunks_with_usage(wire: Wire, client: httpx
     assert chunks[-2:] == [UsageChunk(Usage(12, 7)), Finish("end_turn")]
 
 
-async def test_tool_calls_assembled_from_split_arguments(wire: Wire, client: httpx.AsyncClient) -> None:
+async def test_tool_calls_assembled_from_split_arguments(wire: Wire, client: ModelHTTP) -> None:
     weather = Call("get_weather", {"city": "Paris", "days": [1, 2], "unit": "°C"}, id="call_7", pieces=6)
     clock = Call("get_time", {"zone": "Europe/Paris"}, id="call_8", pieces=4)
     wire.fake.script(Reply(text="Let me check.", calls=(weather, clock)))
@@ -168,14 +168,14 @@ async def test_tool_calls_assembled_from_split_arguments(wire: Wire, client: htt
     assert chunks[-1] == Finish("tool_use")
 
 
-async def test_unparseable_arguments_pass_through_as_text(wire: Wire, client: httpx.AsyncClient) -> None:
+async def test_unparseable_arguments_pass_through_as_text(wire: Wire, client: ModelHTTP) -> None:
     wire.fake.script(Reply(calls=(Call("broken", raw='{"city": "Par', pieces=2),)))
     chunks = await collect(wire.provider(client))
     (call,) = [c.call for c in chunks if isinstance(c, ToolCallChunk)]
     assert call.arguments == '{"city": "Par'
 
 
-async def test_length_limit_maps_to_max_tokens(wire: Wire, client: httpx.AsyncClient) -> None:
+async def test_length_limit_maps_to_max_tokens(wire: Wire, client: ModelHTTP) -> None:
     wire.fake.script(Reply(text="cut sho", stop="length" if wire.kind == "openai" else "max_tokens"))
     chunks = await collect(wire.provider(client))
     assert chunks[-1] == Finish("max_tokens")
@@ -184,7 +184,7 @@ async def test_length_limit_maps_to_max_tokens(wire: Wire, client: httpx.AsyncCl
 # -- failures ------------------------------------------------------------------------------------
 
 
-async def test_stalled_stream_times_out_retryable(wire: Wire, client: httpx.AsyncClient) -> None:
+async def test_stalled_stream_times_out_retryable(wire: Wire, client: ModelHTTP) -> None:
     wire.fake.script(Stall(text="partial answer"))
     error, seen = await failure(wire.provider(client, timeout_s=0.5))
     assert error.retryable
@@ -192,14 +192,14 @@ async def test_stalled_stream_times_out_retryable(wire: Wire, client: httpx.Asyn
     assert text_of(seen) and "partial answer".startswith(text_of(seen))
 
 
-async def test_malformed_chunk_is_a_retryable_error(wire: Wire, client: httpx.AsyncClient) -> None:
+async def test_malformed_chunk_is_a_retryable_error(wire: Wire, client: ModelHTTP) -> None:
     wire.fake.script(Malformed())
     error, _ = await failure(wire.provider(client))
     assert error.retryable
     assert "malformed chunk" in error.message
 
 
-async def test_stream_closed_early_is_an_error(wire: Wire, client: httpx.AsyncClient) -> None:
+async def test_stream_closed_early_is_an_error(wire: Wire, client: ModelHTTP) -> None:
     wire.fake.script(Cut(text="half of it"))
     error, seen = await failure(wire.provider(client))
     assert error.retryable
@@ -207,7 +207,7 @@ async def test_stream_closed_early_is_an_error(wire: Wire, client: httpx.AsyncCl
     assert not [c for c in seen if isinstance(c, Finish)]
 
 
-async def test_client_errors_are_not_retryable(wire: Wire, client: httpx.AsyncClient) -> None:
+async def test_client_errors_are_not_retryable(wire: Wire, client: ModelHTTP) -> None:
     wire.fake.script(Status(400, error_type="invalid_request_error"))
     port = RetryingModel(wire.provider(client), retries=2, timeout_s=5.0, sleep=Sleeps())
     error, _ = await failure(port)
@@ -218,7 +218,7 @@ async def test_client_errors_are_not_retryable(wire: Wire, client: httpx.AsyncCl
     assert len(wire.fake.requests) == 1
 
 
-async def test_connection_refused_is_retryable(wire: Wire, client: httpx.AsyncClient) -> None:
+async def test_connection_refused_is_retryable(wire: Wire, client: ModelHTTP) -> None:
     with socket.socket() as sock:  # a port that was free a moment ago and has no listener
         sock.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
@@ -227,7 +227,7 @@ async def test_connection_refused_is_retryable(wire: Wire, client: httpx.AsyncCl
     assert "connection failed" in error.message
 
 
-async def test_anthropic_error_event(anthropic: Wire, client: httpx.AsyncClient) -> None:
+async def test_anthropic_error_event(anthropic: Wire, client: ModelHTTP) -> None:
     anthropic.fake.script(StreamError("overloaded_error"), StreamError("invalid_request_error"))
     overloaded, _ = await failure(anthropic.provider(client))
     refused, _ = await failure(anthropic.provider(client))
@@ -238,7 +238,7 @@ async def test_anthropic_error_event(anthropic: Wire, client: httpx.AsyncClient)
 # -- keys ----------------------------------------------------------------------------------------
 
 
-async def test_key_reaches_the_right_header_and_no_error(wire: Wire, client: httpx.AsyncClient) -> None:
+async def test_key_reaches_the_right_header_and_no_error(wire: Wire, client: ModelHTTP) -> None:
     wire.fake.script(Reply(text="ok"), Status(401), Status(429, retry_after="3"), Status(500))
     await collect(wire.provider(client))
     headers = wire.fake.requests[0].headers
@@ -253,7 +253,7 @@ async def test_key_reaches_the_right_header_and_no_error(wire: Wire, client: htt
         assert SECRET not in f"{error} {error.message} {error.details} {error.envelope()}"
 
 
-async def test_missing_key_variable_is_named_not_retried(wire: Wire, client: httpx.AsyncClient) -> None:
+async def test_missing_key_variable_is_named_not_retried(wire: Wire, client: ModelHTTP) -> None:
     error, _ = await failure(wire.provider(client, environ={}))
     assert not error.retryable
     assert "CORRAL_TEST_KEY" in error.message
@@ -263,7 +263,7 @@ async def test_missing_key_variable_is_named_not_retried(wire: Wire, client: htt
 # -- retries and fallbacks -----------------------------------------------------------------------
 
 
-async def test_429_waits_as_told_then_succeeds(wire: Wire, client: httpx.AsyncClient) -> None:
+async def test_429_waits_as_told_then_succeeds(wire: Wire, client: ModelHTTP) -> None:
     wire.fake.script(Status(429, retry_after="1"), Reply(text="after the wait"))
     sleeps = Sleeps()
     chunks = await collect(RetryingModel(wire.provider(client), retries=2, timeout_s=5.0, sleep=sleeps))
@@ -272,21 +272,21 @@ async def test_429_waits_as_told_then_succeeds(wire: Wire, client: httpx.AsyncCl
     assert sleeps == [1.0]
 
 
-async def test_retry_after_is_capped_at_timeout(openai: Wire, client: httpx.AsyncClient) -> None:
+async def test_retry_after_is_capped_at_timeout(openai: Wire, client: ModelHTTP) -> None:
     openai.fake.script(Status(429, retry_after="120"), Reply(text="ok"))
     sleeps = Sleeps()
     await collect(RetryingModel(openai.provider(client), retries=2, timeout_s=0.5, sleep=sleeps))
     assert sleeps == [0.5]
 
 
-async def test_real_sleep_with_retry_after_zero(openai: Wire, client: httpx.AsyncClient) -> None:
+async def test_real_sleep_with_retry_after_zero(openai: Wire, client: ModelHTTP) -> None:
     openai.fake.script(Status(503, retry_after="0"), Reply(text="ok"))
     chunks = await collect(RetryingModel(openai.provider(client), retries=1, timeout_s=1.0))
     assert text_of(chunks) == "ok"
     assert len(openai.fake.requests) == 2
 
 
-async def test_500_backs_off_then_succeeds(wire: Wire, client: httpx.AsyncClient) -> None:
+async def test_500_backs_off_then_succeeds(wire: Wire, client: ModelHTTP) -> None:
     wire.fake.script(Status(500), Status(502), Reply(text="third time"))
     sleeps = Sleeps()
     chunks = await collect(RetryingModel(wire.provider(client), retries=2, timeout_s=5.0, sleep=sleeps))
@@ -295,7 +295,7 @@ async def test_500_backs_off_then_succeeds(wire: Wire, client: httpx.AsyncClient
     assert 0.25 <= sleeps[0] <= 0.5 and 0.5 <= sleeps[1] <= 1.0  # exponential, with jitter
 
 
-async def test_persistent_500_fails_after_retries_plus_one(wire: Wire, client: httpx.AsyncClient) -> None:
+async def test_persistent_500_fails_after_retries_plus_one(wire: Wire, client: ModelHTTP) -> None:
     wire.fake.script(*[Status(500)] * 4)
     port = RetryingModel(wire.provider(client), retries=2, timeout_s=5.0, sleep=Sleeps())
     error, _ = await failure(port)
@@ -304,7 +304,7 @@ async def test_persistent_500_fails_after_retries_plus_one(wire: Wire, client: h
     assert wire.fake.pending == 1
 
 
-async def test_no_retry_once_output_has_streamed(wire: Wire, client: httpx.AsyncClient) -> None:
+async def test_no_retry_once_output_has_streamed(wire: Wire, client: ModelHTTP) -> None:
     wire.fake.script(Cut(text="already said"), Reply(text="would repeat"))
     port = RetryingModel(wire.provider(client), retries=2, timeout_s=5.0, sleep=Sleeps())
     error, seen = await failure(port)
@@ -314,7 +314,7 @@ async def test_no_retry_once_output_has_streamed(wire: Wire, client: httpx.Async
 
 
 async def test_fallback_moves_to_the_next_provider(
-    openai: Wire, anthropic: Wire, client: httpx.AsyncClient
+    openai: Wire, anthropic: Wire, client: ModelHTTP
 ) -> None:
     openai.fake.script(Status(503))
     anthropic.fake.script(Reply(text="from the fallback"))
@@ -326,7 +326,7 @@ async def test_fallback_moves_to_the_next_provider(
 
 
 async def test_fallback_last_error_propagates(
-    openai: Wire, anthropic: Wire, client: httpx.AsyncClient
+    openai: Wire, anthropic: Wire, client: ModelHTTP
 ) -> None:
     openai.fake.script(Status(500))
     anthropic.fake.script(Status(400, error_type="invalid_request_error"))
@@ -335,14 +335,14 @@ async def test_fallback_last_error_propagates(
     assert "anthropic" in error.message
 
 
-async def test_fallback_not_after_output(openai: Wire, anthropic: Wire, client: httpx.AsyncClient) -> None:
+async def test_fallback_not_after_output(openai: Wire, anthropic: Wire, client: ModelHTTP) -> None:
     openai.fake.script(Cut(text="started"))
     error, _ = await failure(FallbackModel([openai.provider(client), anthropic.provider(client)]))
     assert "openai" in error.message
     assert anthropic.fake.requests == []
 
 
-async def test_retries_inside_fallback(openai: Wire, anthropic: Wire, client: httpx.AsyncClient) -> None:
+async def test_retries_inside_fallback(openai: Wire, anthropic: Wire, client: ModelHTTP) -> None:
     openai.fake.script(Status(500), Status(500))
     anthropic.fake.script(Status(429, retry_after="0"), Reply(text="second model, second try"))
     sleeps = Sleeps()
@@ -378,7 +378,7 @@ TOOL_TURN = ModelRequest(
 )
 
 
-async def test_openai_request_body(openai: Wire, client: httpx.AsyncClient) -> None:
+async def test_openai_request_body(openai: Wire, client: ModelHTTP) -> None:
     openai.fake.script(Reply(text="x=1"))
     await collect(openai.provider(client, temperature=0.2, max_output_tokens=256), TOOL_TURN)
     (sent,) = openai.fake.requests
@@ -420,7 +420,7 @@ async def test_openai_request_body(openai: Wire, client: httpx.AsyncClient) -> N
     ]
 
 
-async def test_anthropic_request_body(anthropic: Wire, client: httpx.AsyncClient) -> None:
+async def test_anthropic_request_body(anthropic: Wire, client: ModelHTTP) -> None:
     anthropic.fake.script(Reply(text="x=1"))
     follow_up = ModelRequest(
         instructions=TOOL_TURN.instructions,

@@ -22,13 +22,12 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
 from typing import Any
 
-import httpx
-
 from ..canonical import freeze, thaw
 from ..compiler.definitions import ModelDefinition
 from ..errors import ProviderError
 from ..messages import AssistantMessage, Message, ToolCall, ToolResultMessage, ToolSpec, Usage
 from .base import Finish, ModelChunk, ModelRequest, TextDelta, ToolCallChunk, UsageChunk
+from .transport import ModelHTTP
 from .wire import api_key, describe, drain, identifier, malformed, parse_arguments, parse_json, post_events
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
@@ -39,7 +38,7 @@ RETRYABLE_ERRORS = {"overloaded_error", "api_error", "rate_limit_error", "timeou
 class AnthropicProvider:
     """A `ModelPort` for the Anthropic Messages API."""
 
-    def __init__(self, definition: ModelDefinition, client: httpx.AsyncClient, environ: Mapping[str, str]):
+    def __init__(self, definition: ModelDefinition, client: ModelHTTP, environ: Mapping[str, str]):
         self.definition = definition
         self._client = client
         self._environ = environ

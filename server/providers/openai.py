@@ -17,15 +17,26 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
 from typing import Any
-
-import httpx
+from urllib.parse import urlsplit
 
 from ..canonical import thaw
 from ..compiler.definitions import ModelDefinition
 from ..errors import ProviderError
 from ..messages import AssistantMessage, Message, ToolCall, ToolResultMessage, ToolSpec, Usage
 from .base import Finish, ModelChunk, ModelRequest, TextDelta, ToolCallChunk, UsageChunk
-from .wire import api_key, describe, drain, malformed, parse_arguments, parse_json, parse_url, post_events
+from .transport import ModelHTTP
+from .wire import (
+    EncodedCache,
+    Fragments,
+    api_key,
+    describe,
+    drain,
+    dumps,
+    malformed,
+    parse_arguments,
+    parse_json,
+    post_events,
+)
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 STOP_REASONS = {
@@ -39,12 +50,15 @@ STOP_REASONS = {
 class OpenAIProvider:
     """A `ModelPort` for OpenAI's chat completions and the many servers that copy them."""
 
-    def __init__(self, definition: ModelDefinition, client: httpx.AsyncClient, environ: Mapping[str, str]):
+    def __init__(self, definition: ModelDefinition, client: ModelHTTP, environ: Mapping[str, str]):
         self.definition = definition
         self._client = client
         self._environ = environ
         self._url = (definition.base_url or DEFAULT_BASE_URL).rstrip("/") + "/chat/completions"
         self._label = describe(definition, "openai", self._url)
+        # OpenAI's own newer models refuse `max_tokens`; most compatible servers only know it
+        official = urlsplit(self._url).hostname == "api.openai.com"
+        self._limit_field = "max_completion_tokens" if official else "max_tokens"
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         headers = {"accept": "text/event-stream"}
@@ -73,17 +87,16 @@ class OpenAIProvider:
     def body(self, request: ModelRequest) -> dict[str, Any]:
         """The request body for `request`, as the wire expects it."""
         d = self.definition
-        messages = [{"role": "system", "content": request.instructions}] if request.instructions else []
-        messages += [_message(m) for m in request.messages]
+        messages = Fragments([dumps({"role": "system", "content": request.instructions})]
+                             if request.instructions else [])
+        messages += map(_MESSAGES, request.messages)
         body: dict[str, Any] = {
             "model": d.model,
             "messages": messages,
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        # OpenAI's own newer models refuse `max_tokens`; most compatible servers only know it.
-        limit = "max_completion_tokens" if parse_url(self._url).host == "api.openai.com" else "max_tokens"
-        body[limit] = d.max_output_tokens
+        body[self._limit_field] = d.max_output_tokens
         if d.temperature is not None:
             body["temperature"] = d.temperature
         if request.tools:
@@ -111,6 +124,10 @@ def _message(message: Message) -> dict[str, Any]:
             ]
         return out
     return {"role": "user", "content": message.content}
+
+
+# a history's messages are the same objects turn after turn: each is encoded once
+_MESSAGES = EncodedCache(lambda message: dumps(_message(message)))
 
 
 def _arguments_text(arguments: Any) -> str:

@@ -10,22 +10,23 @@ is a plain identifier) and never hold a key.
 
 from __future__ import annotations
 
-import functools
 import json
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
+from urllib.parse import urlsplit
 
+import aiohttp
 import anyio
-import httpx
 
 from ..canonical import freeze
 from ..compiler.definitions import ModelDefinition
 from ..compiler.templates import MissingSecret, resolve_secrets
 from ..errors import ProviderError
+from .transport import ModelHTTP, lines
 
 _IDENTIFIER = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 DRAIN_S = 1.0  # how long a stream whose reply is complete may take to end
@@ -37,15 +38,9 @@ class Event:
     data: str
 
 
-@functools.lru_cache(maxsize=256)
-def parse_url(url: str) -> httpx.URL:
-    """`url` parsed once: httpx's URL parser costs more than building the rest of a request."""
-    return httpx.URL(url)
-
-
 def describe(definition: ModelDefinition, provider: str, url: str) -> str:
     """How error messages name a model: `model 'fast' (openai, api.openai.com)`."""
-    return f"model {definition.name!r} ({provider}, {parse_url(url).host})"
+    return f"model {definition.name!r} ({provider}, {urlsplit(url).hostname})"
 
 
 def api_key(definition: ModelDefinition, environ: Mapping[str, str], label: str) -> str | None:
@@ -89,7 +84,7 @@ def malformed(label: str) -> ProviderError:
 
 
 async def post_events(
-    client: httpx.AsyncClient,
+    client: ModelHTTP,
     url: str,
     *,
     body: dict[str, Any],
@@ -97,20 +92,57 @@ async def post_events(
     timeout_s: float,
     label: str,
 ) -> AsyncIterator[Event]:
-    """POST `body` as JSON and yield the SSE events of the answer."""
-    # A read time-out applies to every read, so a stream that stalls mid-way fails too.
-    timeout = httpx.Timeout(timeout_s)
+    """POST `body` as JSON (see `encode_body`) and yield the SSE events of the answer."""
     try:
-        async with client.stream("POST", parse_url(url), json=body, headers=headers,
-                                 timeout=timeout) as response:
-            if response.status_code >= 400:
+        async with client.post(url, encode_body(body), headers, timeout_s) as response:
+            if response.status >= 400:
                 raise await _status_error(response, label)
-            async for event in _events(response.aiter_lines()):
+            async for event in _events(lines(response)):
                 yield event
-    except httpx.TimeoutException as exc:
+    except TimeoutError as exc:  # aiohttp's time-outs are TimeoutErrors (and ClientErrors): first
         raise ProviderError(f"{label}: timed out after {timeout_s:g}s", retryable=True) from exc
-    except httpx.HTTPError as exc:
+    except aiohttp.ClientError as exc:
         raise ProviderError(f"{label}: connection failed ({type(exc).__name__})", retryable=True) from exc
+
+
+def dumps(value: Any) -> str:
+    """JSON as httpx sent it: compact, UTF-8, and no NaN (which no JSON parser reads back)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+class Fragments(list):
+    """A list of values already encoded as JSON texts, put into a body as they are."""
+
+
+def encode_body(body: dict[str, Any]) -> bytes:
+    """`body` as JSON; a `Fragments` value is joined, not encoded again."""
+    parts = [dumps(key) + ":" + (f"[{','.join(value)}]" if isinstance(value, Fragments) else dumps(value))
+             for key, value in body.items()]
+    return ("{" + ",".join(parts) + "}").encode()
+
+
+class EncodedCache:
+    """Each value's JSON text, kept by the value's identity (checked, so a reused `id` never hits).
+
+    A conversation's history is the same message objects turn after turn (the runtime's transcript
+    cache), so each is encoded once, not once per turn: a long conversation's request is mostly a join.
+    The oldest entries go first once `size` are kept; they hold their values, so no id is reused.
+    """
+
+    def __init__(self, encode: Callable[[Any], str], size: int = 20_000):
+        self.encode = encode
+        self.size = size
+        self._entries: dict[int, tuple[Any, str]] = {}
+
+    def __call__(self, value: Any) -> str:
+        hit = self._entries.get(id(value))
+        if hit is not None and hit[0] is value:
+            return hit[1]
+        text = self.encode(value)
+        if len(self._entries) >= self.size:
+            del self._entries[next(iter(self._entries))]
+        self._entries[id(value)] = (value, text)
+        return text
 
 
 async def drain(events: AsyncIterator[Event]) -> None:
@@ -147,11 +179,10 @@ async def _events(lines: AsyncIterator[str]) -> AsyncIterator[Event]:
         yield Event(name or "message", "\n".join(data))
 
 
-async def _status_error(response: httpx.Response, label: str) -> ProviderError:
-    status = response.status_code
-    await response.aread()
+async def _status_error(response: aiohttp.ClientResponse, label: str) -> ProviderError:
+    status = response.status
     retryable = status in (408, 429) or status >= 500
-    kind = _error_kind(response.content)
+    kind = _error_kind(await response.read())
     return ProviderError(
         f"{label}: HTTP {status}" + (f" {kind}" if kind else ""),
         retryable=retryable,

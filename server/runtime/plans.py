@@ -39,6 +39,7 @@ from ..providers.base import ModelPort
 from ..providers.counted import CountedModel
 from ..providers.scripted import ScriptedProvider
 from ..providers.traced import traced
+from ..providers.transport import ModelHTTP
 from ..providers.wellformed import WellFormedModel
 from ..tools.base import ToolContext, ToolPort
 from ..tools.confinement import Secrets
@@ -73,8 +74,10 @@ class Runtime:
                  mcp: MCPToolSource | None = None, permissions: PermissionBroker | None = None,
                  files: FileVault = NO_VAULT,
                  metrics: Metrics | None = None, secrets: Secrets | None = None,
-                 transcripts: Path | None = None, a2a: A2ACards | None = None):
-        self.http = http
+                 transcripts: Path | None = None, a2a: A2ACards | None = None,
+                 models: ModelHTTP | None = None):
+        self.http = http  # tools and hooks
+        self.models = ModelHTTP() if models is None else models  # model providers (see its module)
         self.a2a = a2a  # remote A2A agents: the lock's cards, drift, contexts (made on first use)
         self.environ = os.environ if environ is None else environ
         self.secrets = Secrets(self.environ) if secrets is None else secrets
@@ -84,6 +87,7 @@ class Runtime:
         self.metrics = metrics
         self.transcripts = transcripts  # None: hooks get no transcript_path
         self.stand_ins: StandIns | None = None  # results given in place of tools (eval cases, §12)
+        self._learned: set[str] = set()  # agent digests whose closures' secrets `secrets` knows
 
     # --- models --------------------------------------------------------------
 
@@ -99,11 +103,11 @@ class Runtime:
         if model.provider == "openai":
             from ..providers.openai import OpenAIProvider
 
-            port: ModelPort = OpenAIProvider(model, self.http, self.environ)
+            port: ModelPort = OpenAIProvider(model, self.models, self.environ)
         else:
             from ..providers.anthropic import AnthropicProvider
 
-            port = AnthropicProvider(model, self.http, self.environ)
+            port = AnthropicProvider(model, self.models, self.environ)
         return RetryingModel(self._counted(port), model.retries, model.timeout_s)
 
     def _counted(self, port: ModelPort) -> ModelPort:
@@ -225,8 +229,11 @@ class Runtime:
     async def _plan(self, closure: Closure, history: tuple[Message, ...], text: str,
                     context: ToolContext, transcript: Transcript | None) -> TurnPlan:
         agent = closure.agent
-        # a pinned closure may reference secrets the current set no longer does
-        self.secrets.learn(d.spec for d in closure.members.values())
+        # a pinned closure may reference secrets the current set no longer does (once per closure: an
+        # agent's digest covers its whole closure, and walking every spec costs more than a turn's SQL)
+        if agent.digest not in self._learned:
+            self.secrets.learn(d.spec for d in closure.members.values())
+            self._learned.add(agent.digest)
         instructions = agent.instructions
         skills = self._skills(closure)
         if skills:

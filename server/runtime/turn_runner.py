@@ -27,7 +27,7 @@ from anyio.abc import TaskGroup
 
 from ..compiler.definitions import Closure
 from ..errors import CorralError, LeaseLost, StorageError
-from ..messages import Message, Usage, repair_history
+from ..messages import Message, Usage, UserMessage, repair_history
 from ..store.base import ConversationRecord
 from ..tools.base import ToolContext
 from ..tracing import TurnTrace
@@ -127,7 +127,9 @@ class TurnRunner:
             if isinstance(emitted, ToolFinished):
                 self.metrics.tool_calls.inc(emitted.tool, "error" if emitted.is_error else "ok")
         elif isinstance(event, Append):
-            await journal.message(event.message)
+            # the turn's own prompt waits, like a delta, for the model's first step (one transaction
+            # less per turn); an attempt that stops before it commits starts over from the turn's input
+            await journal.message(event.message, later=isinstance(event.message, UserMessage))
             active.append(event.message)
             if active.hand_off:  # a checkpoint: a stopping replica hands the turn over here
                 raise HandOff
@@ -140,9 +142,9 @@ class TurnRunner:
 class Journal:
     """A turn's writes, batched into as few transactions as a live stream allows.
 
-    Text deltas wait, at most `WINDOW` seconds, to be committed with the next write: the step's
-    message, or the next deltas once the window has passed. Everything else commits at once, with
-    what waits. One lock orders the commits, so events keep the order they were made in.
+    Text deltas and the prompt wait, at most `WINDOW` seconds, to be committed with the next write: the
+    step's message, or the next deltas once the window has passed. Everything else commits at once,
+    with what waits. One lock orders the commits, so events keep the order they were made in.
     """
 
     WINDOW = 0.02
@@ -164,15 +166,19 @@ class Journal:
 
     async def event(self, event: TurnEvent, *, later: bool = False) -> None:
         self.events.append(event.wire())
+        await self._commit(later)
+
+    async def message(self, message: Message, *, later: bool = False) -> None:
+        self.messages.append(message)
+        await self._commit(later)
+
+    async def _commit(self, later: bool) -> None:
+        """Now, or (`later`) with the next write, or once `WINDOW` has passed, whichever comes first."""
         if not later:
             await self.flush()
         elif not self._timer:
             self._timer = True
             self.timers.start_soon(self._flush_later)
-
-    async def message(self, message: Message) -> None:
-        self.messages.append(message)
-        await self.flush()
 
     async def _flush_later(self) -> None:
         await anyio.sleep(self.WINDOW)

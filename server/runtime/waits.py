@@ -79,6 +79,12 @@ async def pending_requests(store: PermissionStore, conversation_id: str,
 async def answer(conversations: Conversations, turn: ActiveTurn) -> TurnResult | Waiting:
     """The turn's result once it ends, or `Waiting` as soon as it waits on a person."""
     follow = _Follow(conversations.store, turn)
+    if follow.here:
+        # Most turns run here and never ask anyone: their end is told by `attention` alone, without
+        # re-reading the turn at each of its events (which a turn followed from elsewhere needs).
+        await turn.attention.wait()
+        if turn.done.is_set():
+            return await conversations.result(turn)
     waiting: Waiting | None = None
     async with anyio.create_task_group() as tg:
         if follow.here:  # its end is seen at once, even one the store refused (then no event tells it)

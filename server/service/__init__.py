@@ -42,6 +42,7 @@ from ..errors import CorralError
 from ..evals.on_swap import eval_on_swap
 from ..evals.runs import EvalRuns
 from ..metrics import Metrics
+from ..providers.transport import ModelHTTP
 from ..runtime.admission import Admission
 from ..runtime.budgets import Spending
 from ..runtime.context import Contexts
@@ -133,8 +134,10 @@ async def _opened(settings: Settings) -> AsyncIterator[Service]:
         tracing.configure()  # from OTEL_* variables; without them nothing is built
         # every outbound request of a turn names the span it was made in (`traceparent`)
         async with httpx.AsyncClient(timeout=timeout, limits=limits,
-                                     event_hooks={"request": [tracing.inject_httpx]}) as client:
-            service, mcp = _assemble(settings, compiler, definitions, store, health, registry, files, client)
+                                     event_hooks={"request": [tracing.inject_httpx]}) as client, \
+                ModelHTTP() as models:
+            service, mcp = _assemble(settings, compiler, definitions, store, health, registry, files, client,
+                                     models)
             conversations, replica = service.conversations, service.replica
             async with anyio.create_task_group() as tg:
                 await tg.start(health.run)
@@ -168,7 +171,7 @@ async def _opened(settings: Settings) -> AsyncIterator[Service]:
 
 def _assemble(settings: Settings, compiler: Compiler, definitions: DefinitionSet, store: Store,
               health: StoreHealth, registry: Registry, files: FileVault,
-              client: httpx.AsyncClient) -> tuple[Service, MCPConnections]:
+              client: httpx.AsyncClient, models: ModelHTTP) -> tuple[Service, MCPConnections]:
     """Every component of a running Corral, wired together (nothing started yet); and its MCP
     connections, which the caller runs."""
     hub, metrics = EventHub(), Metrics()
@@ -178,7 +181,7 @@ def _assemble(settings: Settings, compiler: Compiler, definitions: DefinitionSet
     secrets.learn(d.spec for d in definitions)
     runtime = Runtime(client, mcp=mcp, permissions=permissions, metrics=metrics, files=files, secrets=secrets,
                       transcripts=settings.state_dir / "transcripts",
-                      a2a=_a2a_cards(definitions.root, settings.locked, hub))
+                      a2a=_a2a_cards(definitions.root, settings.locked, hub), models=models)
     conversations = _conversations(settings, store, registry, runtime, hub, metrics)
     # a swap report's busy turns are every replica's: the store knows them all
     swapper = Swapper(compiler, registry, store.running_turns, store, hub.publish_global, metrics,

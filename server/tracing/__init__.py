@@ -14,7 +14,15 @@ turn (`GET …/turns/{turn_id}`) are read from the turn's events, not from here.
 """
 
 from .content import capture_content
-from .propagation import InboundTrace, adopted, context_from_meta, inject_httpx, trace_environment, trace_meta
+from .propagation import (
+    InboundTrace,
+    adopted,
+    carrier,
+    context_from_meta,
+    inject_httpx,
+    trace_environment,
+    trace_meta,
+)
 from .setup import configure, enabled, shutdown
 from .spans import Span, span, within
 from .turns import TurnTrace, agent, attempt
@@ -27,6 +35,7 @@ __all__ = [
     "agent",
     "attempt",
     "capture_content",
+    "carrier",
     "configure",
     "context_from_meta",
     "enabled",
