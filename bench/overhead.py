@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.sample:
         from bench.sampled import sample
 
-        return sample(history="history" in (args.only or ""))
+        return sample(history="history" in (args.only or ""), baseline=args.baseline)
     if args.profile:
         from bench.stages import profile
 
@@ -352,8 +352,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             defs = write_definitions(work / "defs", fake_url)
             procs["off"] = start_at(ROOT, defs, work, "off", {})
-            procs["tracing on"] = start_at(ROOT, defs, work, "on", {
-                "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "200"})
+            # the batch processor's defaults (a batch every 5 s or 512 spans): what a deployment gets
+            exporting = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url}
+            procs["tracing on"] = start_at(ROOT, defs, work, "on", exporting)
             if args.baseline:
                 tree = baseline_tree(args.baseline, work)
                 procs[args.baseline] = start_at(tree, defs, work, "baseline", {})

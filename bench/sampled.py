@@ -1,13 +1,15 @@
 """Where a turn's server CPU goes, by stage, from py-spy's samples: `python -m bench overhead --sample`.
 
 `corral serve` (embedded store, tracing off) on the instant fake model of `bench.runtime` answers
-fresh turns one after the other while py-spy samples it (`SAMPLE_S` seconds at `RATE` Hz, idle
+fresh turns one after the other (or, with `--only history`, turns on one conversation that already
+had `HISTORY`) while py-spy samples it (`SAMPLE_S` seconds at `RATE` Hz, idle
 time not counted). A sample goes to a stage by its whole stack, the deepest subsystem winning (a
 SQLite statement run by the runtime, itself called by the HTTP route, counts for the store), so the
 stages say what the CPU did, not which module was on top. Unlike cProfile, sampling does not
 inflate Python calls, so the shares times the CPU per turn (read from /proc over the same run)
 are the milliseconds. Needs the `py-spy` executable (`pip install py-spy`, in the test extra) and
-permission to trace the server (ptrace); without them `--sample` says so and exits 2.
+permission to trace the server (ptrace); without them `--sample` says so and exits 2. With
+`--baseline REV`, that commit's server is sampled the same way first: the two tables side by side.
 """
 
 from __future__ import annotations
@@ -18,19 +20,20 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from bench.runtime import (
+    ROOT,
     _client,
     corral_turn,
     create_conversation,
-    start_corral,
     start_fake,
     write_definitions,
 )
 
-SAMPLE_S = 20
+SAMPLE_S = 10
+FRESH = 4000  # conversations made before sampling: more than 10 s of turns use
+HISTORY = 200
 RATE = 400
 # A frame reads `function (path/relative/to/its/root.py:line)`. The deep stages go first, by priority:
 # the first any frame of the stack matches wins (a statement the route runs through the runtime counts
@@ -94,18 +97,36 @@ def by_stage(raw: str) -> dict[str, int]:
 
 
 async def _load(base: str, stop: asyncio.Event, history: bool) -> None:
-    """Turns one after the other until `stop`: each in a new conversation, or (`history`) all in one."""
+    """Turns one after the other until `stop`: each the first of a conversation made before sampling
+    began, or (`history`) each on one conversation that already had `HISTORY` turns."""
     async with _client(base) as client:
-        conversation = await create_conversation(client)
-        while not stop.is_set():
-            await corral_turn(client, conversation if history else await create_conversation(client))
+        if history:
+            conversation = await create_conversation(client)
+            for _ in range(HISTORY):
+                await corral_turn(client, conversation)
+            ready.set()
+            while not stop.is_set():
+                await corral_turn(client, conversation)
+            return
+        ids = [await create_conversation(client) for _ in range(FRESH)]
+        ready.set()
+        for conversation in ids:
+            if stop.is_set():
+                return
+            await corral_turn(client, conversation)
+        raise SystemExit(f"{FRESH} conversations were not enough for {SAMPLE_S} s of turns")
 
 
-async def _sampled(py_spy: str, base: str, corral, out: Path, history: bool) -> None:
+ready = asyncio.Event()
+
+
+async def _sampled(py_spy: str, base: str, pid: int, out: Path, history: bool) -> None:
     stop = asyncio.Event()
+    ready.clear()
     load = asyncio.create_task(_load(base, stop, history))
+    await ready.wait()
     spy = await asyncio.create_subprocess_exec(
-        py_spy, "record", "--pid", str(corral.pid), "--duration", str(SAMPLE_S), "--rate", str(RATE),
+        py_spy, "record", "--pid", str(pid), "--duration", str(SAMPLE_S), "--rate", str(RATE),
         "--format", "raw", "--output", str(out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, err = await spy.communicate()
     stop.set()
@@ -114,34 +135,50 @@ async def _sampled(py_spy: str, base: str, corral, out: Path, history: bool) -> 
         raise SystemExit(f"py-spy failed ({spy.returncode}): {err.decode()[-500:]}")
 
 
-def sample(history: bool = False) -> int:
+def sample(history: bool = False, baseline: str | None = None) -> int:
+    """Samples this code's server (and `baseline`'s, one after the other) and prints both tables."""
+    from bench.traces import baseline_tree, start_at
+
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(py_spy).exists():
         print("py-spy is not installed (pip install py-spy)", file=sys.stderr)
         return 2
+    columns: dict[str, tuple[float, dict[str, int]]] = {}
     with tempfile.TemporaryDirectory(prefix="corral-bench-sampled-") as tmp:
         work = Path(tmp)
         fake, fake_url = start_fake()
         try:
-            corral, base = start_corral(write_definitions(work / "defs", fake_url), work, None)
-            try:
-                cpu = asyncio.run(_per_turn(base, corral))
-                started = time.perf_counter()
-                asyncio.run(_sampled(py_spy, base, corral, work / "raw.txt", history))
-                wall = time.perf_counter() - started
-            finally:
-                corral.stop()
+            defs = write_definitions(work / "defs", fake_url)
+            trees = {"now": ROOT}
+            if baseline:
+                trees = {baseline: baseline_tree(baseline, work), **trees}
+            for name, tree in trees.items():
+                corral, base = start_at(tree, defs, work, f"sampled-{len(columns)}", {})
+                try:
+                    cpu = asyncio.run(_per_turn(base, corral))
+                    asyncio.run(_sampled(py_spy, base, corral.pid, work / f"{name}.txt", history))
+                finally:
+                    corral.stop()
+                columns[name] = (cpu, by_stage((work / f"{name}.txt").read_text()))
         finally:
             fake.stop()
-        raw = (work / "raw.txt").read_text()
-        counts = by_stage(raw)
-    total = sum(counts.values())
-    print(f"\nwhere a fresh turn's server CPU goes: {total} py-spy samples over {wall:.0f} s of sequential "
-          f"fresh turns; {cpu * 1000:.3f} ms CPU per turn (/proc, measured just before)")
-    print(f"  {'stage':48} {'share':>6} {'ms/turn':>8}")
-    for stage, count in sorted(counts.items(), key=lambda kv: -kv[1]):
-        print(f"  {stage:48} {count / total:6.1%} {count / total * cpu * 1000:8.3f}")
+    _print(columns, "history" if history else "fresh")
     return 0
+
+
+def _print(columns: dict[str, tuple[float, dict[str, int]]], kind: str) -> None:
+    print(f"\nwhere a {kind} turn's server CPU goes (py-spy, {SAMPLE_S} s at {RATE} Hz each; ms = share x "
+          "the CPU per fresh turn read from /proc just before)")
+    heads = "".join(f" {name + ' share':>16} {'ms':>6}" for name in columns)
+    print(f"  {'stage':46}{heads}")
+    stages = sorted({s for _, counts in columns.values() for s in counts},
+                    key=lambda s: -columns[list(columns)[-1]][1].get(s, 0))
+    for stage in [*stages, "total"]:
+        cells = ""
+        for cpu, counts in columns.values():
+            share = 1.0 if stage == "total" else counts.get(stage, 0) / sum(counts.values())
+            cells += f" {share:16.1%} {share * cpu * 1000:6.3f}"
+        print(f"  {stage:46}{cells}")
 
 
 async def _per_turn(base: str, corral, turns: int = 1000) -> float:

@@ -40,10 +40,14 @@ class TurnResults:
         if turn.stopped == "lost":
             await self.elsewhere.ended(turn.record.conversation_id, turn.id)
             turn.messages = None  # what this replica saw of it is not the whole turn
-        record = await self.store.get_turn(turn.id)
-        assert record is not None
-        if turn.ending is not None:  # ended here: what the store says may lag (a failed write)
-            record = replace(record, **turn.ending.changes)
+        ending = turn.ending
+        if ending is not None and ending.usage is not None:  # ended here, all of it known: no read
+            record = replace(turn.record, **ending.changes)
+        else:
+            stored = await self.store.get_turn(turn.id)
+            assert stored is not None
+            # ended here: what it ended with (what the store says may lag: a failed write)
+            record = stored if ending is None else replace(stored, **ending.changes)
         messages = turn.messages if turn.messages is not None else await self._messages(record)
         return TurnResult(turn_id=record.id, conversation_id=record.conversation_id, digest=record.digest,
                           status=record.status, output=record.output, messages=tuple(messages),

@@ -4,8 +4,9 @@ environment of commands.
 In: `InboundTrace`, an ASGI middleware, makes a request's `traceparent` header the current
 context while the request runs, so a turn it starts is that trace's child (`turns.TurnTrace`);
 `context_from_meta` reads the same from an MCP request's `_meta`. Out: whatever span is current
-(a turn's, a model request's, a tool call's) is named in `traceparent` on the outbound HTTP client's
-requests (`inject_httpx`, an httpx request hook: model providers, http tools, http hooks), in the
+(a turn's, a model request's, a tool call's) is named in `traceparent` on outbound HTTP requests
+(`inject_httpx`, an httpx request hook: http tools, http hooks; the model providers' aiohttp client
+adds `carrier()` itself), in the
 `_meta` of MCP calls (`trace_meta`) and as `TRACEPARENT`/`TRACESTATE` for command tools and hooks
 (`trace_environment`). Outside a turn nothing is added. A header the definition set itself is kept.
 """
