@@ -96,7 +96,7 @@ def by_stage(raw: str) -> dict[str, int]:
     return counts
 
 
-async def _load(base: str, stop: asyncio.Event, history: bool) -> None:
+async def _load(base: str, ready: asyncio.Event, stop: asyncio.Event, history: bool) -> None:
     """Turns one after the other until `stop`: each the first of a conversation made before sampling
     began, or (`history`) each on one conversation that already had `HISTORY` turns."""
     async with _client(base) as client:
@@ -117,13 +117,10 @@ async def _load(base: str, stop: asyncio.Event, history: bool) -> None:
         raise SystemExit(f"{FRESH} conversations were not enough for {SAMPLE_S} s of turns")
 
 
-ready = asyncio.Event()
-
 
 async def _sampled(py_spy: str, base: str, pid: int, out: Path, history: bool) -> None:
-    stop = asyncio.Event()
-    ready.clear()
-    load = asyncio.create_task(_load(base, stop, history))
+    ready, stop = asyncio.Event(), asyncio.Event()
+    load = asyncio.create_task(_load(base, ready, stop, history))
     await ready.wait()
     spy = await asyncio.create_subprocess_exec(
         py_spy, "record", "--pid", str(pid), "--duration", str(SAMPLE_S), "--rate", str(RATE),
