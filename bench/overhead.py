@@ -352,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.sample:
         from bench.sampled import sample
 
-        return sample(history="history" in (args.only or ""), baseline=args.baseline)
+        only = args.only or ""
+        return sample(history="history" in only, baseline=args.baseline, tracing="tracing" in only)
     if args.profile:
         from bench.stages import profile
 

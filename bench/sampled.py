@@ -132,17 +132,20 @@ async def _sampled(py_spy: str, base: str, pid: int, out: Path, history: bool) -
         raise SystemExit(f"py-spy failed ({spy.returncode}): {err.decode()[-500:]}")
 
 
-def sample(history: bool = False, baseline: str | None = None) -> int:
-    """Samples this code's server (and `baseline`'s, one after the other) and prints both tables."""
+def sample(history: bool = False, baseline: str | None = None, tracing: bool = False) -> int:
+    """Samples this code's server (and `baseline`'s, one after the other) and prints both tables;
+    `tracing`: the servers export their spans to a local OTLP receiver."""
     from bench.traces import baseline_tree, start_at
+    from tests.support.otlp import OtlpReceiver
 
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(py_spy).exists():
         print("py-spy is not installed (pip install py-spy)", file=sys.stderr)
         return 2
     columns: dict[str, tuple[float, dict[str, int]]] = {}
-    with tempfile.TemporaryDirectory(prefix="corral-bench-sampled-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="corral-bench-sampled-") as tmp, OtlpReceiver() as receiver:
         work = Path(tmp)
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url} if tracing else {}
         fake, fake_url = start_fake()
         try:
             defs = write_definitions(work / "defs", fake_url)
@@ -150,7 +153,7 @@ def sample(history: bool = False, baseline: str | None = None) -> int:
             if baseline:
                 trees = {baseline: baseline_tree(baseline, work), **trees}
             for name, tree in trees.items():
-                corral, base = start_at(tree, defs, work, f"sampled-{len(columns)}", {})
+                corral, base = start_at(tree, defs, work, f"sampled-{len(columns)}", env)
                 try:
                     cpu = asyncio.run(_per_turn(base, corral))
                     asyncio.run(_sampled(py_spy, base, corral.pid, work / f"{name}.txt", history))
@@ -159,7 +162,7 @@ def sample(history: bool = False, baseline: str | None = None) -> int:
                 columns[name] = (cpu, by_stage((work / f"{name}.txt").read_text()))
         finally:
             fake.stop()
-    _print(columns, "history" if history else "fresh")
+    _print(columns, ("history" if history else "fresh") + (", tracing on," if tracing else ""))
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import socket
 import sys
@@ -113,6 +114,17 @@ def _serve(settings: Settings, sock: socket.socket, owned: Claim | None) -> int:
     return 0
 
 
+def _settle_heap() -> None:
+    """Leave what start-up made (modules, schemas, definitions: objects that live as long as the
+    server) out of the garbage collector's full passes, which would otherwise walk them again and
+    again while turns run: `gc.freeze`, 3 to 15 % less CPU per turn (`python -m bench overhead`).
+    Garbage made later is collected as before; what start-up made and a swap later drops is freed by
+    reference counting, only its cycles stay (once, the first set's). In the `corral serve` process
+    only: tests that start many servers in one process must not pin theirs."""
+    gc.collect()
+    gc.freeze()
+
+
 def _draining_server(config, app, owned: Claim | None):
     """uvicorn's server, telling Corral the moment SIGTERM/SIGINT arrives (not after connections close),
     and saying (in its log and in the state's owner record) where it listens once it does."""
@@ -121,6 +133,7 @@ def _draining_server(config, app, owned: Claim | None):
     class DrainingServer(uvicorn.Server):
         async def startup(self, sockets=None) -> None:
             await super().startup(sockets)
+            _settle_heap()
             if sockets and self.started:  # uvicorn logs no address for sockets it was given
                 if owned is not None:  # first: whoever sees the log line finds the URL recorded
                     owned.announce(url_of(sockets[0], reachable=True))

@@ -28,6 +28,7 @@ from .transport import ModelHTTP
 from .wire import (
     EncodedCache,
     Fragments,
+    PrefixCache,
     api_key,
     describe,
     drain,
@@ -89,7 +90,8 @@ class OpenAIProvider:
         d = self.definition
         messages = Fragments([dumps({"role": "system", "content": request.instructions})]
                              if request.instructions else [])
-        messages += map(_MESSAGES, request.messages)
+        if request.messages:
+            messages.append(_HISTORIES(request.messages))
         body: dict[str, Any] = {
             "model": d.model,
             "messages": messages,
@@ -126,8 +128,9 @@ def _message(message: Message) -> dict[str, Any]:
     return {"role": "user", "content": message.content}
 
 
-# a history's messages are the same objects turn after turn: each is encoded once
-_MESSAGES = EncodedCache(lambda message: dumps(_message(message)))
+# a history's messages are the same objects turn after turn: each is encoded once, and a request
+# joins only what its conversation added since the last
+_HISTORIES = PrefixCache(EncodedCache(lambda message: dumps(_message(message))))
 
 
 def _arguments_text(arguments: Any) -> str:

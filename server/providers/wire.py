@@ -11,6 +11,7 @@ is a plain identifier) and never hold a key.
 from __future__ import annotations
 
 import json
+import operator
 import re
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
@@ -142,6 +143,33 @@ class EncodedCache:
         if len(self._entries) >= self.size:
             del self._entries[next(iter(self._entries))]
         self._entries[id(value)] = (value, text)
+        return text
+
+
+class PrefixCache:
+    """A history's messages joined as JSON, kept by the history's first message: the next request of
+    the conversation repeats the same message objects and adds a few, so only those are joined.
+    Whether they are the same is checked object by object (a compacted or repaired history is not)."""
+
+    def __init__(self, encode: Callable[[Any], str], size: int = 1000):
+        self.encode = encode
+        self.size = size
+        self._entries: dict[int, tuple[tuple[Any, ...], str]] = {}  # they hold their messages: no id reuse
+
+    def __call__(self, messages: tuple[Any, ...]) -> str:
+        if not messages:
+            return ""
+        cached = self._entries.pop(id(messages[0]), None)
+        done, text = 0, ""
+        if cached is not None:
+            prefix, joined = cached
+            if len(prefix) <= len(messages) and all(map(operator.is_, prefix, messages)):
+                done, text = len(prefix), joined
+        more = ",".join(map(self.encode, messages[done:]))
+        text = f"{text},{more}" if text and more else (text or more)
+        if len(self._entries) >= self.size:
+            del self._entries[next(iter(self._entries))]
+        self._entries[id(messages[0])] = (tuple(messages), text)
         return text
 
 
