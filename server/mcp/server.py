@@ -55,6 +55,7 @@ from ..runtime.active_turn import ActiveTurn
 from ..runtime.steering import Steered
 from ..runtime.structured import MISSING
 from ..service import Service
+from ..store.base import ConversationRecord
 from ..turn_events import MessageDelta, PermissionRequested, ToolFinished, ToolStarted, TurnEvent
 
 log = logging.getLogger("corral.mcp")
@@ -215,7 +216,7 @@ class AgentsMCP:
         result = await conversations.result(turn)
         structured = {"conversation_id": conversation.id, "turn_id": result.turn_id,
                       "digest": result.digest, "status": result.status}
-        structured.update(await self._context(conversation.id))
+        structured.update(await self._context(conversation))
         if not result.completed:
             error = result.failure()
             return _tool_error(error["code"], error["message"], structured, details=error.get("details"))
@@ -224,11 +225,11 @@ class AgentsMCP:
         return types.CallToolResult(content=[types.TextContent(type="text", text=result.output or "")],
                                     structured_content=structured)
 
-    async def _context(self, conversation_id: str) -> dict[str, Any]:
+    async def _context(self, conversation: ConversationRecord) -> dict[str, Any]:
         """`{"context": …}`: how full the conversation's context is; nothing when that cannot be said
         (its agent is gone from the definitions, the store failed)."""
         with contextlib.suppress(CorralError):
-            return {"context": await self.service.conversations.context(conversation_id)}
+            return {"context": await self.service.conversations.context(conversation.id, conversation)}
         return {}
 
     async def _progress(self, ctx: ServerRequestContext, conversation_id: str,

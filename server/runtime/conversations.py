@@ -239,9 +239,11 @@ class Conversations:
 
     # --- context (§10) -----------------------------------------------------------
 
-    async def context(self, conversation_id: str) -> dict[str, Any]:
-        """What the conversation's next model request will carry: window, tokens used and their source."""
-        conversation = await self.get(conversation_id)
+    async def context(self, conversation_id: str, known: ConversationRecord | None = None) -> dict[str, Any]:
+        """What the conversation's next model request will carry: window, tokens used and their source
+        (`known`: the conversation's record, already read by the caller)."""
+        conversation = known if known is not None and known.id == conversation_id else await self.get(
+            conversation_id)
         closure = await self.registry.resolve(conversation.agent)
         return await self.contexts.usage(conversation.id, closure)
 
