@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import socket
@@ -83,6 +84,7 @@ def _items(text: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in text.split(",") if item.strip())
 
 
+@functools.lru_cache(maxsize=256)  # asked of every request's Host; bounded: a client picks the names
 def is_loopback(host: str) -> bool:
     """A bind address (or Host name) only this machine can reach: `localhost` or any loopback IP."""
     host = host.strip("[]").lower()

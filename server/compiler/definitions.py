@@ -211,6 +211,8 @@ class DefinitionSet:
     root: Path
     by_key: Mapping[tuple[str, str], Definition]
     digest: str
+    # each agent's closure, made on first use: the set never changes, and every turn asks
+    _closures: dict[str, Closure] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def build(cls, root: Path, definitions: list[Definition]) -> DefinitionSet:
@@ -240,8 +242,13 @@ class DefinitionSet:
         return [e for e in found if agent is None or e.agent == agent]  # type: ignore[attr-defined,misc]
 
     def closure(self, agent_name: str) -> Closure | None:
-        agent = self.by_key.get(("Agent", agent_name))
-        return Closure.of(self, agent) if isinstance(agent, AgentDefinition) else None
+        found = self._closures.get(agent_name)
+        if found is None:
+            agent = self.by_key.get(("Agent", agent_name))
+            if not isinstance(agent, AgentDefinition):
+                return None
+            found = self._closures[agent_name] = Closure.of(self, agent)
+        return found
 
     def digests(self) -> dict[str, str]:
         """`kind/name` -> digest, as the lock file records them."""

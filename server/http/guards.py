@@ -6,13 +6,13 @@ through untouched and the cost per request stays a few attribute reads.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import re
 import uuid
 from collections.abc import Callable
 
-import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import envelope, forms
@@ -85,7 +85,7 @@ class BodyLimit:
         for name, value in scope["headers"]:
             if name == b"content-length" and value.isdigit() and int(value) > self.limit:
                 return await reject(send, "payload_too_large", self._too_large)
-        body = _BodyReader(receive, self.limit, anyio.current_time() + self.timeout_s)
+        body = _BodyReader(receive, self.limit, asyncio.get_running_loop().time() + self.timeout_s)
         started = False
 
         async def tracking_send(message: Message) -> None:
@@ -118,10 +118,11 @@ class _BodyReader:
     async def receive(self) -> Message:
         if self.complete:  # past the body, receive only waits for the client to leave: no deadline
             return await self._receive()
-        with anyio.move_on_after(self.deadline - anyio.current_time()) as waited:
-            message = await self._receive()
-        if waited.cancelled_caught:
-            raise _TooSlow()
+        try:  # asyncio's own timeout (uvicorn serves on asyncio): half an anyio cancel scope's 11 µs
+            async with asyncio.timeout_at(self.deadline):
+                message = await self._receive()
+        except TimeoutError:
+            raise _TooSlow() from None
         if message["type"] == "http.request":
             self.seen += len(message.get("body", b""))
             if self.seen > self.limit:
