@@ -19,9 +19,11 @@ variant's own calls, divided by them, is the figure.
 
 Then throughput with `CONCURRENCY` callers, alternated in runs of `THROUGHPUT_S` / 2: the floor, the
 HTTP route (a new conversation and its turn per call) and MCP. Targets: HTTP >= 0.8x the floor's
-calls/s, MCP >= 0.8x the HTTP route's. `--profile` runs instead `PROFILE_TURNS` fresh turns on a
-server under cProfile and prints where its CPU goes, grouped by stage (`bench/stages.py`).
-`--check` exits 1 when a target is missed. PostgreSQL's figures are `python -m bench replicas`.
+calls/s, MCP >= 0.8x the HTTP route's. `--sample` runs instead fresh turns (`--only history`: on a
+long conversation; `--only tracing`: spans exported) under py-spy and prints where their CPU goes,
+stage by stage (`bench/_sampled.py`; with `--baseline REV`, side by side); `--profile` does it under
+cProfile, function by function (`bench/_stages.py`, `--top N`). `--check` exits 1 when a target is
+missed. PostgreSQL's figures are `python -m bench replicas`.
 """
 
 from __future__ import annotations
@@ -350,12 +352,12 @@ def main(argv: list[str] | None = None) -> int:
     args, _ = parser.parse_known_args(argv)
     sys.path.insert(0, str(ROOT))
     if args.sample:
-        from bench.sampled import sample
+        from bench._sampled import sample
 
         only = args.only or ""
         return sample(history="history" in only, baseline=args.baseline, tracing="tracing" in only)
     if args.profile:
-        from bench.stages import profile
+        from bench._stages import profile
 
         return profile(PROFILE_TURNS, args.top, args.keep)
     from bench.traces import baseline_tree, start_at
