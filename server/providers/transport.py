@@ -2,10 +2,9 @@
 
 Every other outbound request of Corral (http tools, hooks, A2A) goes through httpx; the model request
 is the one made on every turn, and there aiohttp costs a third of httpx's client CPU for the same
-streamed chat completion on the same loopback fake (0.33 ms against 0.99 ms a call: `python -m bench
-clients`), the largest single item of a turn's CPU (`python -m bench overhead --profile`, see
-docs/performance.md). Its C HTTP parser and its own stream reader do what h11, httpcore and anyio do
-in Python for httpx.
+streamed chat completion on the same loopback fake (`python -m bench clients`), which was the largest
+single item of a turn's CPU (`python -m bench overhead --sample`, docs/performance.md). Its C HTTP
+parser and its own stream reader do what h11, httpcore and anyio do in Python for httpx.
 
 The session is made on first use, inside the loop that serves (aiohttp binds a session to its loop),
 and closed with the server. Requests carry the current span's `traceparent`, as the httpx client's
@@ -24,6 +23,7 @@ from urllib.parse import urlsplit
 from urllib.request import getproxies_environment, proxy_bypass_environment
 
 import aiohttp
+import httpx
 
 from ..tracing import carrier
 
@@ -36,12 +36,12 @@ class ModelHTTP:
     """Streamed POSTs to model providers over one pooled aiohttp session."""
 
     def __init__(self, *, trust_env: bool = True) -> None:
-        self.trust_env = trust_env  # HTTPS_PROXY, NO_PROXY and friends, as httpx honours them
+        self.trust_env = trust_env  # HTTPS_PROXY, NO_PROXY, SSL_CERT_FILE..., as httpx honours them
         self._session: aiohttp.ClientSession | None = None
 
     def _opened(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=CONNECTIONS, ssl=_tls())
+            connector = aiohttp.TCPConnector(limit=CONNECTIONS, ssl=_tls(self.trust_env))
             # aiohttp's own trust_env looks the proxy and ~/.netrc up in a worker thread on every
             # request (a thread hand-off per model call); the proxy is looked up once per origin here
             self._session = aiohttp.ClientSession(connector=connector, trust_env=False,
@@ -107,10 +107,7 @@ def _proxy(scheme: str, host: str, port: int | None) -> str | None:
     return proxies.get(scheme) or proxies.get("all")
 
 
-def _tls() -> ssl.SSLContext:
-    """The CA bundle httpx uses (certifi), so a provider trusted before is trusted now."""
-    try:
-        import certifi
-    except ImportError:  # pragma: no cover - certifi comes with httpx
-        return ssl.create_default_context()
-    return ssl.create_default_context(cafile=certifi.where())
+def _tls(trust_env: bool) -> ssl.SSLContext:
+    """The certificates httpx trusts (`SSL_CERT_FILE`, `SSL_CERT_DIR`, else certifi's bundle), made by
+    httpx itself: a provider trusted before, and a deployment's own CA, are trusted still."""
+    return httpx.create_ssl_context(trust_env=trust_env)
