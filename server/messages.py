@@ -111,8 +111,27 @@ def repair_history(messages: list[Message]) -> list[Message]:
     """Answer tool calls that never got a result (a turn cancelled mid-call).
 
     Providers reject a transcript where a tool call has no result, so a
-    cancelled or crashed turn would poison every later turn.
+    cancelled or crashed turn would poison every later turn. Each turn repairs its whole history,
+    so the common case (every call answered by the results right after it) is checked first, in
+    one pass that builds nothing.
     """
+    calls_at = [i for i, m in enumerate(messages) if isinstance(m, AssistantMessage) and m.tool_calls]
+    if all(_answered(messages, i) for i in calls_at):
+        return list(messages)
+    return _repaired(messages)
+
+
+def _answered(messages: list[Message], at: int) -> bool:
+    """Whether the results right after the message at `at` answer each of its tool calls."""
+    waiting = {c.id for c in messages[at].tool_calls}  # type: ignore[union-attr]
+    after = at + 1
+    while waiting and after < len(messages) and isinstance(messages[after], ToolResultMessage):
+        waiting.discard(messages[after].tool_call_id)  # type: ignore[union-attr]
+        after += 1
+    return not waiting
+
+
+def _repaired(messages: list[Message]) -> list[Message]:
     out: list[Message] = []
     pending: dict[str, str] = {}
     for message in messages:

@@ -8,6 +8,7 @@ changed anywhere (compacted, repaired, forked) must not.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from server.canonical import freeze
 from server.compiler.definitions import ModelDefinition
@@ -58,4 +59,9 @@ def test_a_history_that_grows_changes_or_shrinks_is_sent_as_it_is() -> None:
     changed = (*grown[:37], UserMessage(content="compacted"), *grown[38:])  # same ends, new middle
     assert _sent(changed) == _plain(changed)
     assert _sent(grown) == _plain(grown)  # and back
+    # the last request's end comes back as other, equal objects (read back from the store), and grows
+    reread = (*grown[:-3], *(replace(m) for m in grown[-3:]), UserMessage(content="one more"))
+    assert _sent(reread) == _plain(reread)
+    edited = (*reread[:-2], replace(reread[-2], content="edited"), reread[-1])  # a new object, new text
+    assert _sent(edited) == _plain(edited)
     assert _sent(()) == _plain(())

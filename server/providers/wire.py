@@ -147,30 +147,36 @@ class EncodedCache:
 
 
 class PrefixCache:
-    """A history's messages joined as JSON, kept by the history's first message: the next request of
-    the conversation repeats the same message objects and adds a few, so only those are joined.
-    Whether they are the same is checked object by object (a compacted or repaired history is not)."""
+    """A history's messages as JSON texts, kept by the history's first message: the next request of
+    the conversation repeats the same message objects and adds a few, so only those are encoded.
+
+    The end of the last request may come back as other objects (the turn's own messages, read back
+    from the store), so the longest run of the same objects is found from its end, then checked
+    object by object from the start (a compacted or repaired history shares none: encoded anew)."""
 
     def __init__(self, encode: Callable[[Any], str], size: int = 1000):
         self.encode = encode
         self.size = size
-        self._entries: dict[int, tuple[tuple[Any, ...], str]] = {}  # they hold their messages: no id reuse
+        # id of the first message -> (the messages, which stay alive so no id is reused; their texts)
+        self._entries: dict[int, tuple[tuple[Any, ...], list[str]]] = {}
 
     def __call__(self, messages: tuple[Any, ...]) -> str:
         if not messages:
             return ""
         cached = self._entries.pop(id(messages[0]), None)
-        done, text = 0, ""
+        texts: list[str] = []
         if cached is not None:
-            prefix, joined = cached
-            if len(prefix) <= len(messages) and all(map(operator.is_, prefix, messages)):
-                done, text = len(prefix), joined
-        more = ",".join(map(self.encode, messages[done:]))
-        text = f"{text},{more}" if text and more else (text or more)
+            prefix, known = cached
+            same = min(len(prefix), len(messages))
+            while same and prefix[same - 1] is not messages[same - 1]:
+                same -= 1
+            if same and all(map(operator.is_, prefix[:same], messages[:same])):
+                texts = known[:same]
+        texts += map(self.encode, messages[len(texts):])
         if len(self._entries) >= self.size:
             del self._entries[next(iter(self._entries))]
-        self._entries[id(messages[0])] = (tuple(messages), text)
-        return text
+        self._entries[id(messages[0])] = (tuple(messages), texts)
+        return ",".join(texts)
 
 
 async def drain(events: AsyncIterator[Event]) -> None:
