@@ -121,7 +121,15 @@ class AgentsMCP:
             on_list_prompts=self.list_prompts, on_get_prompt=self.get_prompt,
             on_completion=self.complete, on_set_logging_level=self.set_level,
             on_subscriptions_listen=ListenHandler(self.bus),
+            get_tool_input_schema=self.input_schema,
         )
+
+    def input_schema(self, name: str) -> dict[str, Any] | None:
+        """The input schema `tools/list` advertises for `name` (None: not listed), for the SDK's check of
+        `Mcp-Param-*` headers; without it the SDK runs a whole `tools/list` on every `tools/call`."""
+        if self.service is None or self.service.registry.current.get("Agent", name) is None:
+            return None
+        return INPUT_SCHEMA
 
     # --- change notifications ----------------------------------------------
 
