@@ -14,12 +14,14 @@ from collections.abc import AsyncIterator
 import anyio
 import pytest
 from starlette.applications import Starlette
-from starlette.responses import StreamingResponse
+from starlette.responses import RedirectResponse, StreamingResponse
 from starlette.routing import Route
 
 from server.canonical import freeze
 from server.compiler.definitions import ModelDefinition
+from server.errors import ProviderError
 from server.messages import UserMessage
+from server.providers import transport
 from server.providers.base import Finish, ModelRequest, TextDelta, ToolCallChunk
 from server.providers.openai import OpenAIProvider
 from server.providers.transport import ModelHTTP
@@ -81,3 +83,43 @@ async def test_awkward_chunks_are_read_as_the_server_meant_them() -> None:
     assert [c.call.name for c in calls] == ["save"]
     assert calls[0].call.arguments["text"] == LONG
     assert isinstance(chunks[-1], Finish) and chunks[-1].stop_reason == "tool_use"
+
+
+async def test_a_redirect_is_an_error_never_followed() -> None:
+    """httpx never followed one; aiohttp would, with the key (`x-api-key` is not among the headers it
+    drops across origins) and the whole conversation."""
+    followed: list[str] = []
+
+    async def moved(request) -> RedirectResponse:
+        return RedirectResponse("/elsewhere", status_code=307)
+
+    async def elsewhere(request) -> StreamingResponse:
+        followed.append(request.headers.get("authorization", ""))
+        return StreamingResponse(iter([b"data: [DONE]\n\n"]), media_type="text/event-stream")
+
+    app = Starlette(routes=[Route("/v1/chat/completions", moved, methods=["POST"]),
+                            Route("/elsewhere", elsewhere, methods=["POST", "GET"])])
+    with serve(app) as url:
+        definition = ModelDefinition(name="t", description="", digest="sha256:test", spec=freeze({}),
+                                     provider="openai", model="m", base_url=url + "/v1", timeout_s=5.0,
+                                     api_key="${CORRAL_TEST_REDIRECT_KEY}")
+        async with ModelHTTP(trust_env=False) as client:
+            port = OpenAIProvider(definition, client, {"CORRAL_TEST_REDIRECT_KEY": "sk-secret"})
+            request = ModelRequest(instructions="", messages=(UserMessage(content="hi"),))
+            with anyio.fail_after(10), pytest.raises(ProviderError) as caught:
+                async for _ in port.stream(request):
+                    pass
+    assert (caught.value.status, caught.value.retryable) == (307, False)
+    assert followed == []
+
+
+def test_a_proxy_without_a_scheme_is_http(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`HTTPS_PROXY=proxy.corp:3128`, as httpx read it; `NO_PROXY` still exempts a host."""
+    monkeypatch.setenv("HTTPS_PROXY", "proxy.corp:3128")
+    monkeypatch.setenv("NO_PROXY", "models.internal")
+    transport._proxy.cache_clear()
+    try:
+        assert transport._proxy_for("https://api.example.com/v1/chat/completions") == "http://proxy.corp:3128"
+        assert transport._proxy_for("https://models.internal/v1/chat/completions") is None
+    finally:
+        transport._proxy.cache_clear()

@@ -27,7 +27,6 @@ import httpx
 
 from ..tracing import carrier
 
-CONNECT_S = 10.0
 CONNECTIONS = 1000  # at most, all hosts together; idle ones are kept for reuse
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
@@ -62,13 +61,15 @@ class ModelHTTP:
     @asynccontextmanager
     async def post(self, url: str, body: bytes, headers: Mapping[str, str],
                    timeout_s: float) -> AsyncIterator[aiohttp.ClientResponse]:
-        """POST `body` (JSON); `timeout_s` bounds the connection and every read of the answer, so a
-        stream that stalls midway fails too."""
+        """POST `body` (JSON); `timeout_s` bounds the connection (a pool slot, a proxy, TLS included)
+        and every read of the answer, so a stream that stalls midway fails too."""
         sent = {"content-type": "application/json", **carrier(), **headers}
-        timeout = aiohttp.ClientTimeout(total=None, connect=min(CONNECT_S, timeout_s), sock_read=timeout_s)
+        timeout = aiohttp.ClientTimeout(total=None, connect=timeout_s, sock_read=timeout_s)
         proxy = _proxy_for(url) if self.trust_env else None
-        async with self._opened().post(url, data=body, headers=sent, timeout=timeout,
-                                       proxy=proxy) as response:
+        # never followed (as httpx did not): a redirect would carry the key (`x-api-key` is not among
+        # the headers aiohttp drops across origins) and the whole conversation somewhere else
+        async with self._opened().post(url, data=body, headers=sent, timeout=timeout, proxy=proxy,
+                                       allow_redirects=False) as response:
             yield response
 
 
@@ -104,7 +105,10 @@ def _proxy(scheme: str, host: str, port: int | None) -> str | None:
     if proxy_bypass_environment(host if port is None else f"{host}:{port}"):
         return None
     proxies = getproxies_environment()
-    return proxies.get(scheme) or proxies.get("all")
+    proxy = proxies.get(scheme) or proxies.get("all")
+    if proxy and "://" not in proxy:  # `proxy.corp:3128`, which httpx read as http://proxy.corp:3128
+        proxy = "http://" + proxy
+    return proxy or None
 
 
 def _tls(trust_env: bool) -> ssl.SSLContext:

@@ -96,7 +96,7 @@ async def post_events(
     """POST `body` as JSON (see `encode_body`) and yield the SSE events of the answer."""
     try:
         async with client.post(url, encode_body(body), headers, timeout_s) as response:
-            if response.status >= 400:
+            if response.status >= 300:  # a redirect is not followed: an error, never retried
                 raise await _status_error(response, label)
             async for event in _events(lines(response)):
                 yield event

@@ -158,7 +158,7 @@ class Journal:
         self.timers = timers
         self.events: list[tuple[str, dict[str, Any]]] = []
         self.messages: list[Message] = []
-        self.failed: StorageError | LeaseLost | None = None  # a timed flush that could not commit
+        self.failed: Exception | None = None  # a timed flush that could not commit
         self.usage: Usage | None = None  # the turn's usage so far, once it changed
         self._written: Usage | None = None  # ... as last committed
         self._timer = False
@@ -185,7 +185,9 @@ class Journal:
         self._timer = False
         try:
             await self.flush()
-        except (StorageError, LeaseLost) as exc:  # the turn's next write fails with it
+        except Exception as exc:  # the turn's next write fails with it, not the task group turns run in
+            if not isinstance(exc, StorageError | LeaseLost):
+                log.exception("turn %s: a delayed write failed", self.active.id)
             self.failed = exc
 
     async def flush(self) -> None:
