@@ -12,11 +12,10 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from . import templates
-from .schemas import check_schema
+from .schemas import schema_field
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
@@ -240,11 +239,7 @@ class ToolDocument(Document):
     @field_validator("input_schema")
     @classmethod
     def _schema(cls, v: dict[str, Any]) -> dict[str, Any]:
-        try:
-            check_schema(v)
-        except SchemaError as exc:
-            where = "/".join(str(p) for p in exc.path) or "(root)"
-            raise ValueError(f"not a valid JSON Schema at {where}: {exc.message}") from None
+        schema_field(v)
         if v.get("type") != "object":
             raise ValueError('the root of input_schema must be {"type": "object", ...}')
         return v
@@ -431,13 +426,7 @@ class AgentDocument(Document):
     @field_validator("output_schema")
     @classmethod
     def _output_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        if v is not None:
-            try:
-                check_schema(v)
-            except SchemaError as exc:
-                where = "/".join(str(p) for p in exc.path) or "(root)"
-                raise ValueError(f"not a valid JSON Schema at {where}: {exc.message}") from None
-        return v
+        return v if v is None else schema_field(v)
 
     @field_validator("tools")
     @classmethod

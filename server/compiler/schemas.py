@@ -66,6 +66,15 @@ def _matcher(pattern: str) -> TypeAdapter[str]:
     return TypeAdapter(constrained, config=ConfigDict(regex_engine="rust-regex"))
 
 
+def refusal(pattern: str) -> str | None:
+    """Why the linear-time engine cannot run `pattern` (the last line of its own words), or None."""
+    try:
+        _matcher(pattern)
+    except Exception as exc:  # pydantic-core's SchemaError, worded by the regex engine
+        return str(exc).strip().splitlines()[-1]
+    return None
+
+
 def search(pattern: str, text: str) -> bool:
     """Whether `pattern` matches somewhere in `text`, in time linear in `text`."""
     try:
@@ -73,6 +82,17 @@ def search(pattern: str, text: str) -> bool:
     except PydanticError:
         return False
     return True
+
+
+def schema_field(schema: Any) -> Any:
+    """`check_schema` for a definition's field: a `ValueError` naming where the schema is wrong (the
+    compiler reports it at the field's file:line:col); the schema itself when it is right."""
+    try:
+        check_schema(schema)
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.path) or "(root)"
+        raise ValueError(f"not a valid JSON Schema at {where}: {exc.message}") from None
+    return schema
 
 
 def check_schema(schema: Any) -> None:
@@ -131,12 +151,10 @@ def _check_patterns(path: Path, node: dict) -> None:
     props = node.get("patternProperties")
     patterns += [(("patternProperties", p), p) for p in (props if isinstance(props, dict) else ())]
     for where, pattern in patterns:
-        try:
-            _matcher(pattern)
-        except Exception as exc:  # pydantic-core's SchemaError, worded by the regex engine
-            reason = str(exc).strip().splitlines()[-1].strip()
+        reason = refusal(pattern)
+        if reason is not None:
             raise SchemaError(f"pattern {pattern!r} cannot be matched in bounded time (no lookaround or"
-                              f" backreferences): {reason}", path=deque((*path, *where))) from None
+                              f" backreferences): {reason.strip()}", path=deque((*path, *where)))
 
 
 Validator = validators.extend(Draft202012Validator, {
