@@ -21,9 +21,9 @@ Then throughput with `CONCURRENCY` callers, alternated in runs of `THROUGHPUT_S`
 HTTP route (a new conversation and its turn per call) and MCP. Targets: HTTP >= 0.8x the floor's
 calls/s, MCP >= 0.8x the HTTP route's. `--sample` runs instead fresh turns (`--only history`: on a
 long conversation; `--only tracing`: spans exported) under py-spy and prints where their CPU goes,
-stage by stage (`bench/_sampled.py`; with `--baseline REV`, side by side); `--profile` does it under
-cProfile, function by function (`bench/_stages.py`, `--top N`). `--check` exits 1 when a target is
-missed. PostgreSQL's figures are `python -m bench replicas`.
+stage by stage (`bench/_sampled.py`; with `--baseline REV`, side by side); function by function,
+`python -m bench runtime --profile` runs the server under cProfile. `--check` exits 1 when a target
+is missed. PostgreSQL's figures are `python -m bench replicas`.
 """
 
 from __future__ import annotations
@@ -62,7 +62,6 @@ ROUNDS = 10
 ROUND = 20
 HISTORY = 200
 THROUGHPUT_S = 6.0
-PROFILE_TURNS = 2000
 CPU_TARGET_MS = 2.0
 Call = Callable[[], Awaitable[None]]
 
@@ -193,9 +192,8 @@ class Series:
         return statistics.median(self.latencies) * 1000
 
 
-async def sequential(fake: Proc, fake_url: str, servers: dict[str, Server]) -> dict[str, Series]:
+async def sequential(fake: Proc, direct: httpx.AsyncClient, servers: dict[str, Server]) -> dict[str, Series]:
     calls = ROUNDS * ROUND + ROUND  # one round of warm-up
-    direct = await contextlib.AsyncExitStack().enter_async_context(_client(fake_url))
     series = {"floor": Series(fake, lambda: direct_call(direct))}
     for name, server in servers.items():
         for variant, prepare in VARIANTS.items():
@@ -330,7 +328,8 @@ def _verdict(ok: bool, target: str, missed: list[str], label: str) -> str:
 async def measure(fake: Proc, fake_url: str, procs: dict[str, tuple[Proc, str]], with_rates: bool):
     servers = {name: Server(name, proc, base) for name, (proc, base) in procs.items()}
     try:
-        series = await sequential(fake, fake_url, servers)
+        async with _client(fake_url) as direct:
+            series = await sequential(fake, direct, servers)
         rates = await throughput(fake, fake_url, servers["off"]) if with_rates else None
         return series, rates
     finally:
@@ -344,10 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", metavar="REV", help="also run the code of this commit")
     parser.add_argument("--only", metavar="VARIANT,...", help="measure only these variants (and the floor)")
     parser.add_argument("--no-throughput", action="store_true", help="sequential figures only")
-    parser.add_argument("--profile", action="store_true", help="profile fresh turns, by stage")
     parser.add_argument("--sample", action="store_true", help="sample fresh turns with py-spy, by stage")
-    parser.add_argument("--top", type=int, default=0, help="with --profile: also the N costliest functions")
-    parser.add_argument("--keep", type=Path, help="with --profile: keep the cProfile stats in this file")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     args, _ = parser.parse_known_args(argv)
     sys.path.insert(0, str(ROOT))
@@ -356,10 +352,6 @@ def main(argv: list[str] | None = None) -> int:
 
         only = args.only or ""
         return sample(history="history" in only, baseline=args.baseline, tracing="tracing" in only)
-    if args.profile:
-        from bench._stages import profile
-
-        return profile(PROFILE_TURNS, args.top, args.keep)
     from bench.traces import baseline_tree, start_at
     from tests.support.otlp import OtlpReceiver
 
